@@ -1,0 +1,14 @@
+//! Models for oomlab: the seed article's [`SimpleModel`] and a MobileNetV1 ([`MobileNet`]).
+//!
+//! Both are generic over a Burn [`Backend`](burn::tensor::backend::Backend) and take a
+//! [`Precision`] policy in `forward`: the policy decides every dtype, the layers only apply it.
+#![warn(missing_docs)]
+
+pub mod layers;
+pub mod mobilenet;
+pub mod precision;
+pub mod simple;
+
+pub use mobilenet::{MobileNet, MobileNetConfig, MobileNetError};
+pub use precision::Precision;
+pub use simple::{SimpleModel, SimpleModelConfig};

@@ -1,0 +1,223 @@
+//! MobileNetV1 — Howard et al. 2017, "MobileNets: Efficient Convolutional Neural Networks for
+//! Mobile Vision Applications", <https://arxiv.org/abs/1704.04861>, Table 1.
+//!
+//! ```text
+//! stem: Conv 3×3 (32·α, stride s) + BN + ReLU
+//! 13 × depthwise-separable block:  Conv dw 3×3 + BN + ReLU → Conv 1×1 + BN + ReLU
+//! global average pool → Linear (1024·α → classes)
+//! ```
+//! Convolutions carry no bias: the batch norm after each one has its own shift.
+
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
+use burn::prelude::*;
+
+use crate::layers;
+use crate::precision::Precision;
+
+/// The 13 depthwise-separable blocks of Table 1: `(out_channels at α = 1, stride)`.
+pub const BLOCKS: [(usize, usize); 13] = [
+    (64, 1),
+    (128, 2),
+    (128, 1),
+    (256, 2),
+    (256, 1),
+    (512, 2),
+    (512, 1),
+    (512, 1),
+    (512, 1),
+    (512, 1),
+    (512, 1),
+    (1024, 2),
+    (1024, 1),
+];
+
+/// Stem output channels at α = 1.
+pub const STEM_CHANNELS: usize = 32;
+
+/// A configuration that cannot build a MobileNet.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum MobileNetError {
+    /// α outside (0, 4].
+    #[error("width_multiplier must be in (0, 4], got {0}")]
+    WidthMultiplier(f64),
+    /// Stem stride other than 1 or 2.
+    #[error("stem_stride must be 1 or 2, got {0}")]
+    StemStride(usize),
+    /// No input or no classes.
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+}
+
+/// Configuration of [`MobileNet`]. Defaults are the paper's ImageNet model.
+#[derive(Config, Debug)]
+pub struct MobileNetConfig {
+    /// Width multiplier α: every layer's channels are `int(c · α)`.
+    #[config(default = 1.0)]
+    pub width_multiplier: f64,
+    /// Side length of the square input images.
+    #[config(default = 224)]
+    pub input_size: usize,
+    /// Output classes.
+    #[config(default = 1000)]
+    pub num_classes: usize,
+    /// Stride of the stem conv: 2 as in the paper, 1 keeps resolution for 32×32 inputs.
+    #[config(default = 2)]
+    pub stem_stride: usize,
+}
+
+impl MobileNetConfig {
+    /// The CIFAR preset: 32×32 input, 10 classes, stem stride 1.
+    pub fn cifar() -> Self {
+        Self::new()
+            .with_input_size(32)
+            .with_num_classes(10)
+            .with_stem_stride(1)
+    }
+
+    /// Checks the configuration without building anything.
+    pub fn validate(&self) -> Result<(), MobileNetError> {
+        let a = self.width_multiplier;
+        if !(a > 0.0 && a <= 4.0) {
+            return Err(MobileNetError::WidthMultiplier(a));
+        }
+        if !(1..=2).contains(&self.stem_stride) {
+            return Err(MobileNetError::StemStride(self.stem_stride));
+        }
+        if self.input_size == 0 {
+            return Err(MobileNetError::Zero("input_size"));
+        }
+        if self.num_classes == 0 {
+            return Err(MobileNetError::Zero("num_classes"));
+        }
+        Ok(())
+    }
+
+    /// Channels of a layer with `base` channels at α = 1 (Keras' `int(c · α)`, at least 1).
+    pub fn channels(&self, base: usize) -> usize {
+        ((base as f64 * self.width_multiplier) as usize).max(1)
+    }
+
+    /// Builds the model on `device`.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Result<MobileNet<B>, MobileNetError> {
+        self.validate()?;
+        let stem_out = self.channels(STEM_CHANNELS);
+        let stem = ConvBn::new(3, stem_out, 3, self.stem_stride, 1, device);
+        let mut c_in = stem_out;
+        let blocks = BLOCKS
+            .iter()
+            .map(|&(base, stride)| {
+                let c_out = self.channels(base);
+                let block = DepthwiseSeparable::new(c_in, c_out, stride, device);
+                c_in = c_out;
+                block
+            })
+            .collect();
+        Ok(MobileNet {
+            stem,
+            blocks,
+            fc: LinearConfig::new(c_in, self.num_classes).init(device),
+        })
+    }
+}
+
+/// Conv (no bias) → BatchNorm → ReLU.
+#[derive(Module, Debug)]
+pub struct ConvBn<B: Backend> {
+    conv: Conv2d<B>,
+    bn: BatchNorm<B>,
+}
+
+impl<B: Backend> ConvBn<B> {
+    fn new(
+        c_in: usize,
+        c_out: usize,
+        kernel: usize,
+        stride: usize,
+        groups: usize,
+        device: &B::Device,
+    ) -> Self {
+        let pad = kernel / 2;
+        Self {
+            conv: Conv2dConfig::new([c_in, c_out], [kernel, kernel])
+                .with_stride([stride, stride])
+                .with_padding(PaddingConfig2d::Explicit(pad, pad, pad, pad))
+                .with_groups(groups)
+                .with_bias(false)
+                .init(device),
+            bn: BatchNormConfig::new(c_out).init(device),
+        }
+    }
+
+    /// Elements of the batch norm's running mean and variance: state, not parameters.
+    fn buffers(&self) -> usize {
+        2 * self.bn.running_mean.value().dims()[0]
+    }
+
+    /// # Shapes
+    /// `[batch, c_in, h, w]` → `[batch, c_out, h / stride, w / stride]`
+    pub fn forward(&self, x: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
+        let x = layers::conv2d(p, &self.conv, x);
+        let x = layers::batch_norm(p, &self.bn, x);
+        layers::relu(x)
+    }
+}
+
+/// Depthwise 3×3 conv + BN + ReLU, then pointwise 1×1 conv + BN + ReLU.
+#[derive(Module, Debug)]
+pub struct DepthwiseSeparable<B: Backend> {
+    depthwise: ConvBn<B>,
+    pointwise: ConvBn<B>,
+}
+
+impl<B: Backend> DepthwiseSeparable<B> {
+    fn new(c_in: usize, c_out: usize, stride: usize, device: &B::Device) -> Self {
+        Self {
+            depthwise: ConvBn::new(c_in, c_in, 3, stride, c_in, device),
+            pointwise: ConvBn::new(c_in, c_out, 1, 1, 1, device),
+        }
+    }
+
+    /// # Shapes
+    /// `[batch, c_in, h, w]` → `[batch, c_out, h / stride, w / stride]`
+    pub fn forward(&self, x: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
+        let x = self.depthwise.forward(x, p); // [B, c_in, h/s, w/s]
+        self.pointwise.forward(x, p) // [B, c_out, h/s, w/s]
+    }
+}
+
+/// MobileNetV1: stem, 13 depthwise-separable blocks, global average pool, classifier.
+#[derive(Module, Debug)]
+pub struct MobileNet<B: Backend> {
+    stem: ConvBn<B>,
+    blocks: Vec<DepthwiseSeparable<B>>,
+    fc: Linear<B>,
+}
+
+impl<B: Backend> MobileNet<B> {
+    /// Trainable parameters, as the paper and PyTorch's `parameters()` count them.
+    /// Burn's `num_params` also counts the batch norms' running statistics.
+    pub fn trainable_params(&self) -> usize {
+        let buffers = self.stem.buffers()
+            + self
+                .blocks
+                .iter()
+                .map(|b| b.depthwise.buffers() + b.pointwise.buffers())
+                .sum::<usize>();
+        self.num_params() - buffers
+    }
+
+    /// Logits for a batch of images.
+    ///
+    /// # Shapes
+    /// `[batch, 3, size, size]` → `[batch, num_classes]`
+    pub fn forward(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 2> {
+        let mut x = self.stem.forward(images, p); // [B, 32α, size/s, size/s]
+        for block in &self.blocks {
+            x = block.forward(x, p);
+        }
+        let x = layers::global_avg_pool(x); // [B, 1024α]
+        let x = layers::linear(p, &self.fc, x); // [B, classes]
+        p.output(x)
+    }
+}

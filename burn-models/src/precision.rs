@@ -1,0 +1,57 @@
+//! The precision policy: which dtype each kind of layer computes in.
+//!
+//! Parameters are always stored in f32 (master weights). A policy says which dtype a layer's
+//! inputs and weights are cast to before it runs; the cast is the identity when the dtypes
+//! already match, so the f32 policy adds no work.
+
+use burn::tensor::{backend::Backend, DType, Tensor};
+
+/// Where each layer family computes. Passed to every model's `forward`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Precision {
+    /// dtype of convolutions, linear layers, pooling and activations.
+    pub compute: DType,
+    /// dtype in which batch norm computes its statistics and normalisation.
+    pub batch_norm: DType,
+    /// dtype of the logits handed to the loss.
+    pub output: DType,
+}
+
+impl Precision {
+    /// Everything in f32: the reference policy.
+    pub const F32: Self = Self {
+        compute: DType::F32,
+        batch_norm: DType::F32,
+        output: DType::F32,
+    };
+
+    /// Casts `x` to the compute dtype (identity when it already has it).
+    pub fn compute<B: Backend, const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        cast(x, self.compute)
+    }
+
+    /// Casts `x` to the batch-norm dtype.
+    pub fn batch_norm<B: Backend, const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        cast(x, self.batch_norm)
+    }
+
+    /// Casts logits to the output dtype the loss runs in.
+    pub fn output<B: Backend, const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        cast(x, self.output)
+    }
+}
+
+impl Default for Precision {
+    fn default() -> Self {
+        Self::F32
+    }
+}
+
+/// Casts `x` to `dtype`, doing nothing when it already has that dtype.
+pub fn cast<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
+    if x.dtype() == dtype {
+        x
+    } else {
+        x.cast(dtype)
+    }
+}

@@ -1,0 +1,64 @@
+//! The seed article's SimpleModel: the smallest CNN that still shows every memory term.
+//!
+//! ```text
+//! [B,3,32,32] → Conv2d 3→64 k3 p1 → ReLU → MaxPool 2×2 → flatten → Linear 64·16·16 → 10
+//! ```
+
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
+use burn::prelude::*;
+
+use crate::layers;
+use crate::precision::Precision;
+
+/// Configuration of [`SimpleModel`]. The defaults are the article's.
+#[derive(Config, Debug)]
+pub struct SimpleModelConfig {
+    /// Output classes.
+    #[config(default = 10)]
+    pub num_classes: usize,
+}
+
+/// Conv → ReLU → MaxPool → Linear, on 32×32 RGB input.
+#[derive(Module, Debug)]
+pub struct SimpleModel<B: Backend> {
+    conv: Conv2d<B>,
+    fc: Linear<B>,
+}
+
+/// Side length of the input images the model is built for.
+pub const SIMPLE_INPUT_SIZE: usize = 32;
+const CHANNELS: usize = 64;
+
+impl SimpleModelConfig {
+    /// Builds the model on `device` with Burn's default initialisers.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> SimpleModel<B> {
+        let pooled = SIMPLE_INPUT_SIZE / 2;
+        SimpleModel {
+            conv: Conv2dConfig::new([3, CHANNELS], [3, 3])
+                .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                .init(device),
+            fc: LinearConfig::new(CHANNELS * pooled * pooled, self.num_classes).init(device),
+        }
+    }
+}
+
+impl<B: Backend> SimpleModel<B> {
+    /// Trainable parameters (the model has no buffers, so this is `num_params`).
+    pub fn trainable_params(&self) -> usize {
+        self.num_params()
+    }
+
+    /// Logits for a batch of images.
+    ///
+    /// # Shapes
+    /// `[batch, 3, 32, 32]` → `[batch, num_classes]`
+    pub fn forward(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 2> {
+        let x = layers::conv2d(p, &self.conv, images); // [B, 64, 32, 32]
+        let x = layers::relu(x);
+        let x = layers::max_pool2d(x, 2); // [B, 64, 16, 16]
+        let x = x.flatten(1, 3); // [B, 16384]
+        let x = layers::linear(p, &self.fc, x); // [B, classes]
+        p.output(x)
+    }
+}

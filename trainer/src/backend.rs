@@ -1,0 +1,98 @@
+//! Backend choice: one type alias per backend, picked once at start-up.
+
+use std::panic::{self, AssertUnwindSafe};
+
+use burn::backend::cuda::CudaDevice;
+use burn::backend::{Autodiff, Cuda, Flex};
+use burn::tensor::Tensor;
+
+use crate::config::BackendKind;
+
+/// Training on the CPU: Burn's Flex backend under autodiff.
+pub type CpuBackend = Autodiff<Flex>;
+/// Training on an NVIDIA GPU: burn-cuda under autodiff.
+pub type CudaBackend = Autodiff<Cuda>;
+
+/// The backend a run uses.
+#[derive(Debug, Clone)]
+pub enum Selected {
+    /// Flex on the CPU.
+    Cpu,
+    /// CUDA device `index`.
+    Cuda(CudaDevice),
+}
+
+impl Selected {
+    /// Name used in reports.
+    pub fn name(&self) -> String {
+        match self {
+            Self::Cpu => "cpu".into(),
+            Self::Cuda(d) => format!("cuda:{}", d.index),
+        }
+    }
+}
+
+/// `backend = "cuda"` where no usable GPU exists.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "backend.kind = \"cuda\": no usable CUDA device {index}: {reason} (use --backend cpu or auto)"
+)]
+pub struct NoCuda {
+    index: usize,
+    reason: String,
+}
+
+/// Resolves `kind`: `auto` takes CUDA when device `index` initialises, else the CPU, saying so.
+pub fn select(kind: BackendKind, index: usize) -> Result<Selected, NoCuda> {
+    match kind {
+        BackendKind::Cpu => Ok(Selected::Cpu),
+        BackendKind::Cuda => probe_cuda(index).map(Selected::Cuda),
+        BackendKind::Auto => match probe_cuda(index) {
+            Ok(device) => Ok(Selected::Cuda(device)),
+            Err(e) => {
+                eprintln!(
+                    "backend auto: no CUDA device ({}); using the CPU (Flex)",
+                    e.reason
+                );
+                Ok(Selected::Cpu)
+            }
+        },
+    }
+}
+
+/// Runs one tiny kernel on device `index`. CubeCL panics when the driver is missing, so the
+/// panic is caught (with the default hook silenced) and turned into a reason.
+fn probe_cuda(index: usize) -> Result<CudaDevice, NoCuda> {
+    if std::env::var_os("OOMLAB_NO_CUDA").is_some() {
+        return Err(NoCuda {
+            index,
+            reason: "disabled by OOMLAB_NO_CUDA".into(),
+        });
+    }
+    let hook = panic::take_hook();
+    panic::set_hook(Box::new(|_| {}));
+    let result = panic::catch_unwind(AssertUnwindSafe(|| {
+        let device = CudaDevice::new(index);
+        let ones = Tensor::<Cuda, 1>::ones([4], &device).sum().into_scalar();
+        (device, ones)
+    }));
+    panic::set_hook(hook);
+    match result {
+        Ok((device, sum)) if sum == 4.0 => Ok(device),
+        Ok((_, sum)) => Err(NoCuda {
+            index,
+            reason: format!("test kernel returned {sum}, expected 4"),
+        }),
+        Err(payload) => {
+            let reason = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "initialisation panicked".into());
+            Err(NoCuda {
+                index,
+                reason: reason.lines().next().unwrap_or_default().to_string(),
+            })
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! Command-line flags (raw); `main` turns them into validated settings.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::config::BackendKind;
+
+/// Trains a model and reports what it cost, to show the fixes for "CUDA out of memory".
+#[derive(Debug, Parser)]
+#[command(
+    name = "trainer",
+    version,
+    after_help = "Examples:
+  trainer                                        # embedded default: SimpleModel on synthetic data
+  trainer --config configs/f32.toml
+  trainer --config configs/mobilenet.toml --backend cpu --max-steps 50
+  trainer --config configs/f32.toml --set train.batch_size=32 --set train.lr=3e-4
+  trainer --config configs/f32.toml --summary-json runs/f32.json
+  trainer --config configs/f32.toml --resume runs/f32/checkpoint
+
+Exit codes: 0 done, 1 runtime error, 2 bad config, flag or data."
+)]
+pub struct Cli {
+    /// TOML config file (see configs/README.md); without it, the embedded default runs.
+    #[arg(short, long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// Override one config key, e.g. `--set train.batch_size=32` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+
+    /// Backend, overriding `backend.kind`.
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendKind>,
+
+    /// Stop after N optimizer steps (same as `--set train.max_steps=N`).
+    #[arg(long, value_name = "N")]
+    pub max_steps: Option<usize>,
+
+    /// Also write the end-of-run summary as JSON to PATH.
+    #[arg(long, value_name = "PATH")]
+    pub summary_json: Option<PathBuf>,
+
+    /// Continue from a checkpoint folder (e.g. runs/f32/checkpoint).
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+}
+
+impl Cli {
+    /// The `--set` list with the convenience flags folded in, in precedence order.
+    pub fn all_overrides(&self) -> Vec<String> {
+        let mut all = self.overrides.clone();
+        if let Some(b) = self.backend {
+            all.push(format!("backend.kind={}", format!("{b:?}").to_lowercase()));
+        }
+        if let Some(n) = self.max_steps {
+            all.push(format!("train.max_steps={n}"));
+        }
+        all
+    }
+}

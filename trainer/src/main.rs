@@ -1,0 +1,53 @@
+//! `trainer`: the binary edge. Errors become one line and an exit code.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use trainer::backend::{self, CpuBackend, CudaBackend, Selected};
+use trainer::cli::Cli;
+use trainer::config::{self, ConfigError};
+use trainer::data::DataError;
+use trainer::train::train;
+
+/// The config `trainer` runs without `--config`: SimpleModel on the built-in synthetic data.
+const DEFAULT_CONFIG: &str = include_str!("../../configs/f32.toml");
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let bad_input = e.downcast_ref::<ConfigError>().is_some()
+                || e.downcast_ref::<DataError>().is_some();
+            let prefix = if e.downcast_ref::<ConfigError>().is_some() {
+                "config error"
+            } else {
+                "error"
+            };
+            eprintln!("{prefix}: {e:#}");
+            ExitCode::from(if bad_input { 2 } else { 1 })
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let overrides = cli.all_overrides();
+    let settings = match &cli.config {
+        Some(path) => config::load(path, &overrides)?,
+        None => config::load_str(DEFAULT_CONFIG, "embedded:f32.toml".as_ref(), &overrides)?,
+    };
+    let selected = backend::select(settings.backend, settings.cuda_index)?;
+    let resume = cli.resume.as_deref();
+    let summary = match &selected {
+        Selected::Cpu => {
+            train::<CpuBackend>(&settings, Default::default(), &selected.name(), resume)?
+        }
+        Selected::Cuda(device) => {
+            train::<CudaBackend>(&settings, device.clone(), &selected.name(), resume)?
+        }
+    };
+    print!("{}", summary.table());
+    if let Some(path) = &cli.summary_json {
+        summary.write_json(path)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,41 @@
+//! The network a config names, as one type the training loop can hold.
+
+use burn::prelude::*;
+use burn_models::{MobileNet, MobileNetError, Precision, SimpleModel};
+
+use crate::config::ModelSpec;
+
+/// Either model; `forward` dispatches to it.
+#[derive(Module, Debug)]
+pub enum Classifier<B: Backend> {
+    /// The seed article's SimpleModel.
+    Simple(SimpleModel<B>),
+    /// MobileNetV1.
+    MobileNet(MobileNet<B>),
+}
+
+impl<B: Backend> Classifier<B> {
+    /// Builds the model `spec` names on `device`.
+    pub fn init(spec: &ModelSpec, device: &B::Device) -> Result<Self, MobileNetError> {
+        Ok(match spec {
+            ModelSpec::Simple(c) => Self::Simple(c.init(device)),
+            ModelSpec::MobileNet(c) => Self::MobileNet(c.init(device)?),
+        })
+    }
+
+    /// Trainable parameters (batch-norm running statistics excluded).
+    pub fn trainable_params(&self) -> usize {
+        match self {
+            Self::Simple(m) => m.trainable_params(),
+            Self::MobileNet(m) => m.trainable_params(),
+        }
+    }
+
+    /// Logits, `[batch, classes]`, in the policy's output dtype.
+    pub fn forward(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 2> {
+        match self {
+            Self::Simple(m) => m.forward(images, p),
+            Self::MobileNet(m) => m.forward(images, p),
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! The progress bar: step, loss and images/s while training, one line per epoch.
+//! indicatif hides the bar when stderr is not a terminal, so logs and tests stay clean.
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::eval::EvalResult;
+
+/// A bar over the run's optimizer steps.
+pub struct Progress {
+    bar: ProgressBar,
+}
+
+impl Progress {
+    /// A bar of `total` steps, `done` of them already taken (when resuming).
+    pub fn new(total: usize, done: usize) -> Self {
+        let bar = ProgressBar::new(total as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] step {pos}/{len} {msg} (eta {eta})",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        bar.set_position(done as u64);
+        Self { bar }
+    }
+
+    /// One optimizer step done.
+    pub fn step(&mut self, loss: f64, images_per_sec: f64) {
+        self.bar
+            .set_message(format!("loss {loss:.4} | {images_per_sec:.0} img/s"));
+        self.bar.inc(1);
+    }
+
+    /// An epoch's end: printed above the bar (to stderr), kept in logs.
+    pub fn epoch(&self, epoch: usize, train_loss: f64, eval: EvalResult) {
+        let line = format!(
+            "epoch {epoch}: train loss {train_loss:.4} | eval loss {:.4} | eval accuracy {:.2}%",
+            eval.loss,
+            100.0 * eval.accuracy
+        );
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
+    }
+
+    /// Removes the bar.
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}

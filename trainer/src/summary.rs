@@ -1,0 +1,77 @@
+//! The end-of-run summary: a table on stdout and the same fields as JSON.
+
+use std::path::Path;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+/// What a training run did. `--summary-json` writes exactly these fields.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Summary {
+    pub config: String,
+    pub model: String,
+    pub parameters: usize,
+    pub backend: String,
+    pub precision: String,
+    pub optimizer: String,
+    pub batch_size: usize,
+    pub steps: usize,
+    pub epochs: usize,
+    pub images_per_sec: f64,
+    pub final_train_loss: f64,
+    pub eval_loss: f64,
+    pub eval_accuracy: f64,
+    pub wall_seconds: f64,
+    pub checkpoint: String,
+}
+
+impl Summary {
+    /// A two-column table, aligned.
+    pub fn table(&self) -> String {
+        let rows = [
+            ("config", self.config.clone()),
+            ("model", self.model.clone()),
+            ("parameters", thousands(self.parameters)),
+            ("backend", self.backend.clone()),
+            ("precision", self.precision.clone()),
+            ("optimizer", self.optimizer.clone()),
+            ("batch size", self.batch_size.to_string()),
+            ("steps", self.steps.to_string()),
+            ("epochs", self.epochs.to_string()),
+            ("images/s", format!("{:.0}", self.images_per_sec)),
+            ("final train loss", format!("{:.4}", self.final_train_loss)),
+            ("eval loss", format!("{:.4}", self.eval_loss)),
+            (
+                "eval accuracy",
+                format!("{:.2}%", 100.0 * self.eval_accuracy),
+            ),
+            ("wall time", format!("{:.1} s", self.wall_seconds)),
+            ("checkpoint", self.checkpoint.clone()),
+        ];
+        let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        let mut out = String::from("summary\n");
+        for (key, value) in rows {
+            out.push_str(&format!("  {key:<width$}  {value}\n"));
+        }
+        out
+    }
+
+    /// Writes the JSON form to `path`.
+    pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
+        let json = serde_json::to_string_pretty(self)?;
+        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+/// 165642 → "165,642".
+fn thousands(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
