@@ -1,6 +1,8 @@
 //! Backend choice: one type alias per backend, picked once at start-up.
 
+use std::any::Any;
 use std::panic::{self, AssertUnwindSafe};
+use std::sync::Mutex;
 
 use burn::backend::cuda::CudaDevice;
 use burn::backend::{Autodiff, Cuda, Flex};
@@ -60,17 +62,21 @@ pub fn select(kind: BackendKind, index: usize) -> Result<Selected, NoCuda> {
     }
 }
 
-/// Runs one tiny kernel on device `index`. CubeCL panics when the driver is missing, so the
-/// panic is caught (with the default hook silenced) and turned into a reason.
+/// Runs one tiny kernel on device `index`. CubeCL panics when the driver is missing (in its
+/// server thread, so this thread only sees a closed channel): the hook keeps the first panic
+/// message of any thread as the reason, and prints nothing.
 fn probe_cuda(index: usize) -> Result<CudaDevice, NoCuda> {
+    let fail = |reason: String| NoCuda { index, reason };
     if std::env::var_os("OOMLAB_NO_CUDA").is_some() {
-        return Err(NoCuda {
-            index,
-            reason: "disabled by OOMLAB_NO_CUDA".into(),
-        });
+        return Err(fail("disabled by OOMLAB_NO_CUDA".into()));
     }
+    static FIRST_PANIC: Mutex<Option<String>> = Mutex::new(None);
     let hook = panic::take_hook();
-    panic::set_hook(Box::new(|_| {}));
+    panic::set_hook(Box::new(|info| {
+        if let Ok(mut first) = FIRST_PANIC.lock() {
+            first.get_or_insert_with(|| panic_message(info.payload()));
+        }
+    }));
     let result = panic::catch_unwind(AssertUnwindSafe(|| {
         let device = CudaDevice::new(index);
         let ones = Tensor::<Cuda, 1>::ones([4], &device).sum().into_scalar();
@@ -79,20 +85,27 @@ fn probe_cuda(index: usize) -> Result<CudaDevice, NoCuda> {
     panic::set_hook(hook);
     match result {
         Ok((device, sum)) if sum == 4.0 => Ok(device),
-        Ok((_, sum)) => Err(NoCuda {
-            index,
-            reason: format!("test kernel returned {sum}, expected 4"),
-        }),
+        Ok((_, sum)) => Err(fail(format!("test kernel returned {sum}, expected 4"))),
         Err(payload) => {
-            let reason = payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "initialisation panicked".into());
-            Err(NoCuda {
-                index,
-                reason: reason.lines().next().unwrap_or_default().to_string(),
-            })
+            let first = FIRST_PANIC.lock().ok().and_then(|mut f| f.take());
+            let reason = first.unwrap_or_else(|| panic_message(payload.as_ref()));
+            // cudarc appends every library name it tried; the first clause is the reason.
+            let reason = reason.lines().next().unwrap_or_default();
+            Err(fail(
+                reason
+                    .split(" - searched")
+                    .next()
+                    .unwrap_or(reason)
+                    .to_string(),
+            ))
         }
     }
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "initialisation panicked".into())
 }

@@ -33,7 +33,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let overrides = cli.all_overrides();
     let settings = match &cli.config {
         Some(path) => config::load(path, &overrides)?,
-        None => config::load_str(DEFAULT_CONFIG, "embedded:f32.toml".as_ref(), &overrides)?,
+        None => config::load_str(DEFAULT_CONFIG, "embedded/f32.toml".as_ref(), &overrides)?,
     };
     let selected = backend::select(settings.backend, settings.cuda_index)?;
     let resume = cli.resume.as_deref();

@@ -14,14 +14,18 @@ pub use raw::{BackendKind, DataSource, ModelName, OptimizerName, RawConfig};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The file is not TOML.
-    #[error("{path} is not valid TOML: {message}")]
-    Syntax { path: PathBuf, message: String },
+    #[error("{path}:{line}: not valid TOML: {message}")]
+    Syntax {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
     /// A `--set` argument without `=`.
     #[error("--set {0}: expected key=value, e.g. --set train.batch_size=32")]
     SetSyntax(String),
@@ -102,9 +106,9 @@ pub struct Settings {
 /// Reads `path`, applies `overrides` (`key=value`, value in TOML syntax or a bare string) and
 /// validates the result.
 pub fn load(path: &Path, overrides: &[String]) -> Result<Settings, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
         path: path.to_owned(),
-        source,
+        error,
     })?;
     load_str(&text, path, overrides)
 }
@@ -115,6 +119,9 @@ pub fn load_str(text: &str, path: &Path, overrides: &[String]) -> Result<Setting
         text.parse()
             .map_err(|e: toml::de::Error| ConfigError::Syntax {
                 path: path.to_owned(),
+                line: e
+                    .span()
+                    .map_or(1, |span| 1 + text[..span.start].matches('\n').count()),
                 message: one_line(e.message()),
             })?;
     for arg in overrides {
@@ -124,10 +131,18 @@ pub fn load_str(text: &str, path: &Path, overrides: &[String]) -> Result<Setting
         serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
             ConfigError::Key {
                 key: e.path().to_string(),
-                message: one_line(&e.inner().to_string()),
+                message: strip_location(&one_line(&e.inner().to_string())),
             }
         })?;
     validate(path, raw)
+}
+
+/// toml ends value errors with " in `a.b`"; the key is already named in front.
+fn strip_location(message: &str) -> String {
+    match message.rfind(" in `") {
+        Some(i) if message.ends_with('`') => message[..i].to_string(),
+        _ => message.to_string(),
+    }
 }
 
 fn one_line(s: &str) -> String {

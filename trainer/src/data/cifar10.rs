@@ -35,9 +35,9 @@ fn empty() -> ImageSet {
 }
 
 fn read_into(path: &Path, set: &mut ImageSet) -> Result<(), DataError> {
-    let bytes = std::fs::read(path).map_err(|source| DataError::Read {
+    let bytes = std::fs::read(path).map_err(|error| DataError::Read {
         path: path.to_owned(),
-        source,
+        error,
     })?;
     if bytes.len() % RECORD != 0 {
         return Err(DataError::Size {

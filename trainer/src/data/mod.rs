@@ -53,10 +53,10 @@ pub struct Splits {
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     /// A file is missing or unreadable.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A file whose size is not a whole number of records.
     #[error("{path}: size {size} bytes is not a multiple of 3073 (1 label byte + 3072 pixel bytes per record)")]
