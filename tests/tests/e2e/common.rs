@@ -1,0 +1,72 @@
+//! Running the binary and reading what it wrote.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The repository root: configs are named relative to it.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The `trainer` binary cargo built beside this test (target/<profile>/trainer).
+pub fn binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps");
+    let bin = profile_dir.join(format!("trainer{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} not built: run `cargo test --workspace` (it builds the binary)",
+        bin.display()
+    );
+    bin
+}
+
+/// A fresh folder for one test's outputs.
+pub fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("oomlab-e2e-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `trainer ARGS` from the repository root, CUDA disabled so every machine takes the
+/// same path.
+pub fn run(args: &[&str]) -> Output {
+    Command::new(binary())
+        .args(args)
+        .current_dir(root())
+        .env("OOMLAB_NO_CUDA", "1")
+        .output()
+        .expect("spawn trainer")
+}
+
+/// Runs and asserts success, returning stdout.
+pub fn run_ok(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "trainer {args:?} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Standard error as text.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A parsed `--summary-json` file.
+pub fn summary(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// A string path argument.
+pub fn arg(path: &Path) -> String {
+    path.display().to_string()
+}

@@ -1,0 +1,139 @@
+use super::common::{arg, run, stderr, temp};
+
+fn fails_with(args: &[&str], code: i32, message: &str) {
+    let out = run(args);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "trainer {args:?}: {}",
+        stderr(&out)
+    );
+    assert_eq!(stderr(&out), format!("{message}\n"), "trainer {args:?}");
+}
+
+#[test]
+fn bad_values_exit_2_with_one_line() {
+    let f32 = "configs/f32.toml";
+    fails_with(
+        &["--config", f32, "--set", "train.batch_size=0"],
+        2,
+        "config error: train.batch_size = 0: must be at least 1",
+    );
+    fails_with(
+        &["--config", f32, "--set", "train.lr=-1"],
+        2,
+        "config error: train.lr = -1: must be a finite number > 0",
+    );
+    fails_with(
+        &["--config", f32, "--set", "model.name=resnet"],
+        2,
+        "config error: model.name: unknown variant `resnet`, expected `simple` or `mobilenet`",
+    );
+    fails_with(
+        &["--config", f32, "--set", "train.batch_size=big"],
+        2,
+        "config error: train.batch_size: invalid type: string \"big\", expected usize",
+    );
+}
+
+#[test]
+fn unknown_key_in_a_file_exits_2() {
+    let dir = temp("unknown-key");
+    let path = dir.join("bad.toml");
+    std::fs::write(&path, "[train]\nbatch = 32\n").unwrap();
+    fails_with(
+        &["--config", &arg(&path)],
+        2,
+        "config error: train.batch: unknown field `batch`, expected one of `batch_size`, `epochs`, \
+         `max_steps`, `optimizer`, `lr`, `momentum`, `weight_decay`, `seed`, `output_dir`",
+    );
+}
+
+#[test]
+fn unreadable_or_broken_files_exit_2() {
+    fails_with(
+        &["--config", "configs/missing.toml"],
+        2,
+        "config error: cannot read config configs/missing.toml: No such file or directory (os error 2)",
+    );
+    let dir = temp("broken");
+    let path = dir.join("broken.toml");
+    std::fs::write(&path, "[model]\nname = \"simple\"\n[train\n").unwrap();
+    let out = run(&["--config", &arg(&path)]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).starts_with(&format!(
+            "config error: {}:3: not valid TOML: ",
+            path.display()
+        )),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn missing_cifar_files_exit_2_naming_the_file() {
+    let dir = temp("no-cifar");
+    fails_with(
+        &[
+            "--backend",
+            "cpu",
+            "--set",
+            "data.source=cifar10",
+            "--set",
+            &format!("data.path={}", arg(&dir)),
+        ],
+        2,
+        &format!(
+            "error: cannot read {}: No such file or directory (os error 2)",
+            dir.join("data_batch_1.bin").display()
+        ),
+    );
+}
+
+#[test]
+fn cifar_files_in_the_binary_format_train() {
+    let dir = temp("cifar");
+    for name in [
+        "data_batch_1",
+        "data_batch_2",
+        "data_batch_3",
+        "data_batch_4",
+        "data_batch_5",
+        "test_batch",
+    ] {
+        let mut bytes = Vec::new();
+        for i in 0..20usize {
+            bytes.push((i % 10) as u8);
+            bytes.extend((0..3072).map(|p| ((i * 7 + p) % 256) as u8));
+        }
+        std::fs::write(dir.join(format!("{name}.bin")), bytes).unwrap();
+    }
+    let out = run(&[
+        "--backend",
+        "cpu",
+        "--max-steps",
+        "3",
+        "--set",
+        "train.batch_size=16",
+        "--set",
+        "data.source=cifar10",
+        "--set",
+        &format!("data.path={}", arg(&dir)),
+        "--set",
+        &format!("train.output_dir={}", arg(&dir.join("run"))),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("steps             3"));
+}
+
+#[test]
+fn help_shows_examples() {
+    let out = run(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("Examples:") && help.contains("--set train.batch_size=32"),
+        "{help}"
+    );
+}

@@ -1,0 +1,10 @@
+//! End-to-end tests: the real `trainer` binary on the real configs, on the CPU backend.
+//!
+//! Table of contents:
+mod common;
+/// Bad configs, flags and data: exact messages and exit codes.
+mod errors;
+/// Checkpoints and `--resume`.
+mod resume;
+/// Training runs: both models learn, runs are reproducible, backends are chosen right.
+mod train;

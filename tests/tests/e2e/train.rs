@@ -1,0 +1,176 @@
+use super::common::{arg, run, run_ok, stderr, summary, temp};
+
+/// ln(10): the loss of a model that guesses uniformly over 10 classes.
+const CHANCE_LOSS: f64 = 2.302_585;
+
+#[test]
+fn simple_model_learns_the_synthetic_data() {
+    let dir = temp("simple");
+    let json = dir.join("summary.json");
+    let stdout = run_ok(&[
+        "--config",
+        "configs/f32.toml",
+        "--backend",
+        "cpu",
+        "--max-steps",
+        "100",
+        "--set",
+        "train.batch_size=32",
+        "--set",
+        "data.eval_size=512",
+        "--set",
+        &format!("train.output_dir={}", arg(&dir)),
+        "--summary-json",
+        &arg(&json),
+    ]);
+    assert!(
+        stdout.contains("summary") && stdout.contains("eval accuracy"),
+        "{stdout}"
+    );
+    let s = summary(&json);
+    assert_eq!(s["model"], "simple");
+    assert_eq!(s["parameters"], 165_642);
+    assert_eq!(s["backend"], "cpu");
+    assert_eq!(s["precision"], "f32");
+    assert_eq!(s["batch_size"], 32);
+    assert_eq!(s["steps"], 100);
+    assert_eq!(s["config"], "configs/f32.toml");
+    assert!(s["images_per_sec"].as_f64().unwrap() > 0.0);
+    assert!(s["wall_seconds"].as_f64().unwrap() > 0.0);
+    assert!(
+        s["final_train_loss"].as_f64().unwrap() < 0.6 * CHANCE_LOSS,
+        "{s}"
+    );
+    let accuracy = s["eval_accuracy"].as_f64().unwrap();
+    assert!(
+        accuracy > 0.5,
+        "eval accuracy {accuracy} after 100 steps (chance is 0.1)"
+    );
+}
+
+#[test]
+fn mobilenet_learns_the_synthetic_data() {
+    let dir = temp("mobilenet");
+    let json = dir.join("summary.json");
+    run_ok(&[
+        "--config",
+        "configs/mobilenet.toml",
+        "--backend",
+        "cpu",
+        "--max-steps",
+        "60",
+        "--set",
+        "model.width_multiplier=0.25",
+        "--set",
+        "train.batch_size=32",
+        "--set",
+        "data.eval_size=256",
+        "--set",
+        "train.lr=1e-2",
+        "--set",
+        &format!("train.output_dir={}", arg(&dir)),
+        "--summary-json",
+        &arg(&json),
+    ]);
+    let s = summary(&json);
+    assert_eq!(s["model"], "mobilenet(α=0.25)");
+    assert_eq!(s["steps"], 60);
+    let accuracy = s["eval_accuracy"].as_f64().unwrap();
+    assert!(
+        accuracy > 0.25,
+        "eval accuracy {accuracy} after 60 steps (chance is 0.1)"
+    );
+}
+
+fn short_run(name: &str, seed: u64) -> serde_json::Value {
+    let dir = temp(name);
+    let json = dir.join("summary.json");
+    run_ok(&[
+        "--backend",
+        "cpu",
+        "--max-steps",
+        "12",
+        "--set",
+        "train.batch_size=16",
+        "--set",
+        "data.eval_size=128",
+        "--set",
+        &format!("train.seed={seed}"),
+        "--set",
+        &format!("train.output_dir={}", arg(&dir)),
+        "--summary-json",
+        &arg(&json),
+    ]);
+    summary(&json)
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run_on_the_cpu() {
+    let (a, b, other) = (
+        short_run("seed-a", 7),
+        short_run("seed-b", 7),
+        short_run("seed-c", 8),
+    );
+    for key in ["final_train_loss", "eval_loss", "eval_accuracy"] {
+        assert_eq!(a[key], b[key], "{key} differs between two runs with seed 7");
+    }
+    assert_ne!(
+        a["final_train_loss"], other["final_train_loss"],
+        "seed 8 gave seed 7's run"
+    );
+}
+
+#[test]
+fn without_config_the_embedded_default_runs() {
+    let dir = temp("embedded");
+    let json = dir.join("summary.json");
+    run_ok(&[
+        "--backend",
+        "cpu",
+        "--max-steps",
+        "2",
+        "--set",
+        "train.batch_size=8",
+        "--set",
+        "data.eval_size=16",
+        "--set",
+        &format!("train.output_dir={}", arg(&dir)),
+        "--summary-json",
+        &arg(&json),
+    ]);
+    assert_eq!(summary(&json)["config"], "embedded/f32.toml");
+}
+
+#[test]
+fn auto_falls_back_to_the_cpu_with_one_line() {
+    let dir = temp("auto");
+    let out = run(&[
+        "--backend",
+        "auto",
+        "--max-steps",
+        "1",
+        "--set",
+        "train.batch_size=4",
+        "--set",
+        "data.eval_size=8",
+        "--set",
+        &format!("train.output_dir={}", arg(&dir)),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out).lines().next().unwrap_or_default(),
+        "backend auto: no CUDA device (disabled by OOMLAB_NO_CUDA); using the CPU (Flex)"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("backend           cpu"));
+}
+
+#[test]
+fn cuda_without_a_device_is_a_clear_error() {
+    let out = run(&["--backend", "cuda", "--max-steps", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        "error: backend.kind = \"cuda\": no usable CUDA device 0: disabled by OOMLAB_NO_CUDA \
+         (use --backend cpu or auto)\n"
+    );
+}

@@ -1,0 +1,172 @@
+//! Config loading and validation: every bad input gives one exact line.
+
+use std::path::Path;
+
+use clap::CommandFactory;
+use trainer::cli::Cli;
+use trainer::config::{load_str, ModelSpec};
+
+fn error(text: &str, overrides: &[&str]) -> String {
+    let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    load_str(text, Path::new("test.toml"), &overrides)
+        .unwrap_err()
+        .to_string()
+}
+
+#[test]
+fn verify_cli() {
+    Cli::command().debug_assert();
+}
+
+#[test]
+fn empty_file_gives_the_documented_defaults() {
+    let s = load_str("", Path::new("configs/x.toml"), &[]).unwrap();
+    assert!(matches!(s.model, ModelSpec::Simple(_)));
+    assert_eq!(s.train.batch_size, 128);
+    assert_eq!(s.train.lr, 1e-3);
+    assert_eq!(s.train.epochs, 1);
+    assert_eq!(s.train.output_dir, Path::new("runs/x"));
+}
+
+#[test]
+fn overrides_take_toml_values_and_create_sections() {
+    let s = load_str(
+        "[train]\nbatch_size = 64\n",
+        Path::new("t.toml"),
+        &[
+            "train.batch_size=32".into(),
+            "model.name=mobilenet".into(),
+            "model.width_multiplier=0.25".into(),
+        ],
+    )
+    .unwrap();
+    assert_eq!(s.train.batch_size, 32);
+    match s.model {
+        ModelSpec::MobileNet(c) => {
+            assert_eq!(c.width_multiplier, 0.25);
+            assert_eq!(c.stem_stride, 1, "32×32 input defaults to stem stride 1");
+        }
+        other => panic!("expected mobilenet, got {other:?}"),
+    }
+}
+
+#[test]
+fn unknown_keys_name_the_key_and_the_allowed_ones() {
+    assert_eq!(
+        error("[train]\nbatchsize = 3\n", &[]),
+        "train.batchsize: unknown field `batchsize`, expected one of `batch_size`, `epochs`, \
+         `max_steps`, `optimizer`, `lr`, `momentum`, `weight_decay`, `seed`, `output_dir`"
+    );
+    assert_eq!(
+        error("[optimiser]\n", &[]),
+        "optimiser: unknown field `optimiser`, expected one of `model`, `data`, `train`, `backend`"
+    );
+}
+
+#[test]
+fn wrong_types_name_the_key() {
+    assert_eq!(
+        error("", &["train.batch_size=abc"]),
+        "train.batch_size: invalid type: string \"abc\", expected usize"
+    );
+    assert_eq!(
+        error("[train]\nbatch_size = -4\n", &[]),
+        "train.batch_size: invalid value: integer `-4`, expected usize"
+    );
+    assert_eq!(
+        error("[model]\nname = \"resnet\"\n", &[]),
+        "model.name: unknown variant `resnet`, expected `simple` or `mobilenet`"
+    );
+    assert_eq!(
+        error("[backend]\nkind = \"tpu\"\n", &[]),
+        "backend.kind: unknown variant `tpu`, expected one of `auto`, `cuda`, `cpu`"
+    );
+}
+
+#[test]
+fn out_of_range_values_say_what_is_allowed() {
+    let cases = [
+        (
+            "train.batch_size=0",
+            "train.batch_size = 0: must be at least 1",
+        ),
+        ("train.epochs=0", "train.epochs = 0: must be at least 1"),
+        (
+            "train.max_steps=0",
+            "train.max_steps = 0: must be at least 1 (or left out)",
+        ),
+        ("train.lr=0", "train.lr = 0: must be a finite number > 0"),
+        (
+            "train.lr=-1e-3",
+            "train.lr = -0.001: must be a finite number > 0",
+        ),
+        ("train.momentum=1", "train.momentum = 1: must be in [0, 1)"),
+        (
+            "train.weight_decay=-1",
+            "train.weight_decay = -1: must be a finite number >= 0",
+        ),
+        (
+            "model.input_size=64",
+            "model.input_size = 64: SimpleModel takes 32×32 images: must be 32",
+        ),
+        (
+            "model.num_classes=5",
+            "model.num_classes = 5: the data sets have 10 classes: must be 10",
+        ),
+        (
+            "data.train_size=0",
+            "data.train_size = 0: must be at least 1",
+        ),
+    ];
+    for (set, expected) in cases {
+        assert_eq!(error("", &[set]), expected, "--set {set}");
+    }
+    let mobilenet = "[model]\nname = \"mobilenet\"\n";
+    assert_eq!(
+        error(mobilenet, &["model.width_multiplier=0"]),
+        "model.width_multiplier = 0: must be in (0, 4], e.g. 1.0, 0.75, 0.5, 0.25"
+    );
+    assert_eq!(
+        error(mobilenet, &["model.stem_stride=3"]),
+        "model.stem_stride = 3: must be 1 or 2"
+    );
+}
+
+#[test]
+fn keys_that_do_not_apply_are_rejected() {
+    assert_eq!(
+        error("[model]\nwidth_multiplier = 0.5\n", &[]),
+        "model.width_multiplier: applies only to model.name = \"mobilenet\""
+    );
+    assert_eq!(
+        error("[data]\nsource = \"cifar10\"\n", &[]),
+        "data.path: is required when data.source = \"cifar10\" (the folder holding \
+         data_batch_1.bin … test_batch.bin)"
+    );
+}
+
+#[test]
+fn syntax_and_set_errors() {
+    assert_eq!(
+        error("[train]\nlr = \n", &[]),
+        "test.toml:2: not valid TOML: string values must be quoted, expected literal string"
+    );
+    assert_eq!(
+        error("", &["noequals"]),
+        "--set noequals: expected key=value, e.g. --set train.batch_size=32"
+    );
+}
+
+#[test]
+fn every_shipped_config_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            trainer::config::load(&path, &[]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            seen += 1;
+        }
+    }
+    assert!(seen >= 2, "found only {seen} configs in {}", dir.display());
+}
