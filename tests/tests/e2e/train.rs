@@ -76,8 +76,9 @@ fn mobilenet_learns_the_synthetic_data() {
     assert_eq!(s["model"], "mobilenet(α=0.25)");
     assert_eq!(s["steps"], 60);
     let accuracy = s["eval_accuracy"].as_f64().unwrap();
+    // Measured: 0.50 at lr 1e-2 (0.22 at the config's 2e-3: BN running statistics lag early on).
     assert!(
-        accuracy > 0.25,
+        accuracy > 0.3,
         "eval accuracy {accuracy} after 60 steps (chance is 0.1)"
     );
 }
