@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod data;
 pub mod eval;
+pub mod malloc;
 pub mod model;
 pub mod optim;
 pub mod progress;

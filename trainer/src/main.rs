@@ -13,6 +13,7 @@ use trainer::train::train;
 const DEFAULT_CONFIG: &str = include_str!("../../configs/f32.toml");
 
 fn main() -> ExitCode {
+    trainer::malloc::tune_for_training();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -6,6 +6,8 @@ use burn_models::{MobileNet, MobileNetError, Precision, SimpleModel};
 use crate::config::ModelSpec;
 
 /// Either model; `forward` dispatches to it.
+// One model is held per run; boxing a variant would hide it from the Module derive.
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum Classifier<B: Backend> {
     /// The seed article's SimpleModel.

@@ -38,7 +38,7 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> Optim<M, B> {
                     .init(),
             ),
             OptimizerName::Sgd => {
-                let momentum = (train.momentum > 0.0).then(|| MomentumConfig {
+                let momentum = (train.momentum > 0.0).then_some(MomentumConfig {
                     momentum: train.momentum,
                     dampening: 0.0,
                     nesterov: false,

@@ -110,7 +110,7 @@ pub fn train<B: AutodiffBackend>(
     progress.finish();
     // A run stopped by max_steps mid-epoch is still evaluated and checkpointed at its end.
     let eval = match eval {
-        Some(e) if state.step % steps_per_epoch == 0 => e,
+        Some(e) if state.step.is_multiple_of(steps_per_epoch) => e,
         _ => {
             checkpoint::save(&checkpoint_dir, &model, &optim, &state)
                 .context("saving final checkpoint")?;

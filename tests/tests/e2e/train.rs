@@ -1,7 +1,7 @@
 use super::common::{arg, run, run_ok, stderr, summary, temp};
 
 /// ln(10): the loss of a model that guesses uniformly over 10 classes.
-const CHANCE_LOSS: f64 = 2.302_585;
+const CHANCE_LOSS: f64 = std::f64::consts::LN_10;
 
 #[test]
 fn simple_model_learns_the_synthetic_data() {
