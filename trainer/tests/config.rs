@@ -149,7 +149,7 @@ fn keys_that_do_not_apply_are_rejected() {
 fn syntax_and_set_errors() {
     assert_eq!(
         error("[train]\nlr = \n", &[]),
-        "test.toml:2: not valid TOML: string values must be quoted, expected literal string"
+        "test.toml:2: not valid TOML: invalid string expected `\"`, `'`"
     );
     assert_eq!(
         error("", &["noequals"]),
