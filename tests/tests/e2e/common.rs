@@ -70,3 +70,16 @@ pub fn summary(path: &Path) -> serde_json::Value {
 pub fn arg(path: &Path) -> String {
     path.display().to_string()
 }
+
+/// Runs `trainer ARGS` with its checkpoints and `--summary-json` in a fresh folder named
+/// `name`, asserts success, and returns stdout and the parsed summary.
+pub fn train(name: &str, args: &[&str]) -> (String, serde_json::Value) {
+    let dir = temp(name);
+    let json = dir.join("summary.json");
+    let output_dir = format!("train.output_dir={}", arg(&dir));
+    let json_arg = arg(&json);
+    let mut all = args.to_vec();
+    all.extend(["--set", &output_dir, "--summary-json", &json_arg]);
+    let stdout = run_ok(&all);
+    (stdout, summary(&json))
+}

@@ -1,33 +1,29 @@
-use super::common::{arg, run, run_ok, stderr, summary, temp};
+use super::common::{arg, run, stderr, temp, train};
 
 /// ln(10): the loss of a model that guesses uniformly over 10 classes.
 const CHANCE_LOSS: f64 = std::f64::consts::LN_10;
 
 #[test]
 fn simple_model_learns_the_synthetic_data() {
-    let dir = temp("simple");
-    let json = dir.join("summary.json");
-    let stdout = run_ok(&[
-        "--config",
-        "configs/f32.toml",
-        "--backend",
-        "cpu",
-        "--max-steps",
-        "100",
-        "--set",
-        "train.batch_size=32",
-        "--set",
-        "data.eval_size=512",
-        "--set",
-        &format!("train.output_dir={}", arg(&dir)),
-        "--summary-json",
-        &arg(&json),
-    ]);
+    let (stdout, s) = train(
+        "simple",
+        &[
+            "--config",
+            "configs/f32.toml",
+            "--backend",
+            "cpu",
+            "--max-steps",
+            "100",
+            "--set",
+            "train.batch_size=32",
+            "--set",
+            "data.eval_size=512",
+        ],
+    );
     assert!(
         stdout.contains("summary") && stdout.contains("eval accuracy"),
         "{stdout}"
     );
-    let s = summary(&json);
     assert_eq!(s["model"], "simple");
     assert_eq!(s["parameters"], 165_642);
     assert_eq!(s["backend"], "cpu");
@@ -50,29 +46,25 @@ fn simple_model_learns_the_synthetic_data() {
 
 #[test]
 fn mobilenet_learns_the_synthetic_data() {
-    let dir = temp("mobilenet");
-    let json = dir.join("summary.json");
-    run_ok(&[
-        "--config",
-        "configs/mobilenet.toml",
-        "--backend",
-        "cpu",
-        "--max-steps",
-        "60",
-        "--set",
-        "model.width_multiplier=0.25",
-        "--set",
-        "train.batch_size=32",
-        "--set",
-        "data.eval_size=256",
-        "--set",
-        "train.lr=1e-2",
-        "--set",
-        &format!("train.output_dir={}", arg(&dir)),
-        "--summary-json",
-        &arg(&json),
-    ]);
-    let s = summary(&json);
+    let (_, s) = train(
+        "mobilenet",
+        &[
+            "--config",
+            "configs/mobilenet.toml",
+            "--backend",
+            "cpu",
+            "--max-steps",
+            "60",
+            "--set",
+            "model.width_multiplier=0.25",
+            "--set",
+            "train.batch_size=32",
+            "--set",
+            "data.eval_size=256",
+            "--set",
+            "train.lr=1e-2",
+        ],
+    );
     assert_eq!(s["model"], "mobilenet(α=0.25)");
     assert_eq!(s["steps"], 60);
     let accuracy = s["eval_accuracy"].as_f64().unwrap();
@@ -84,25 +76,23 @@ fn mobilenet_learns_the_synthetic_data() {
 }
 
 fn short_run(name: &str, seed: u64) -> serde_json::Value {
-    let dir = temp(name);
-    let json = dir.join("summary.json");
-    run_ok(&[
-        "--backend",
-        "cpu",
-        "--max-steps",
-        "12",
-        "--set",
-        "train.batch_size=16",
-        "--set",
-        "data.eval_size=128",
-        "--set",
-        &format!("train.seed={seed}"),
-        "--set",
-        &format!("train.output_dir={}", arg(&dir)),
-        "--summary-json",
-        &arg(&json),
-    ]);
-    summary(&json)
+    let seed = format!("train.seed={seed}");
+    train(
+        name,
+        &[
+            "--backend",
+            "cpu",
+            "--max-steps",
+            "12",
+            "--set",
+            "train.batch_size=16",
+            "--set",
+            "data.eval_size=128",
+            "--set",
+            &seed,
+        ],
+    )
+    .1
 }
 
 #[test]
@@ -123,23 +113,20 @@ fn the_same_seed_gives_the_same_run_on_the_cpu() {
 
 #[test]
 fn without_config_the_embedded_default_runs() {
-    let dir = temp("embedded");
-    let json = dir.join("summary.json");
-    run_ok(&[
-        "--backend",
-        "cpu",
-        "--max-steps",
-        "2",
-        "--set",
-        "train.batch_size=8",
-        "--set",
-        "data.eval_size=16",
-        "--set",
-        &format!("train.output_dir={}", arg(&dir)),
-        "--summary-json",
-        &arg(&json),
-    ]);
-    assert_eq!(summary(&json)["config"], "embedded/f32.toml");
+    let (_, s) = train(
+        "embedded",
+        &[
+            "--backend",
+            "cpu",
+            "--max-steps",
+            "2",
+            "--set",
+            "train.batch_size=8",
+            "--set",
+            "data.eval_size=16",
+        ],
+    );
+    assert_eq!(s["config"], "embedded/f32.toml");
 }
 
 #[test]
