@@ -17,15 +17,11 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let bad_input = e.downcast_ref::<ConfigError>().is_some()
-                || e.downcast_ref::<DataError>().is_some();
-            let prefix = if e.downcast_ref::<ConfigError>().is_some() {
-                "config error"
-            } else {
-                "error"
-            };
+            let bad_config = e.downcast_ref::<ConfigError>().is_some();
+            let bad_data = e.downcast_ref::<DataError>().is_some();
+            let prefix = if bad_config { "config error" } else { "error" };
             eprintln!("{prefix}: {e:#}");
-            ExitCode::from(if bad_input { 2 } else { 1 })
+            ExitCode::from(if bad_config || bad_data { 2 } else { 1 })
         }
     }
 }
