@@ -9,7 +9,10 @@ use burn::nn::conv::Conv2d;
 use burn::nn::{BatchNorm, Linear, PaddingConfig2d};
 use burn::tensor::module;
 use burn::tensor::ops::ConvOptions;
-use burn::tensor::{activation, backend::Backend, Tensor};
+use burn::module::RunningState;
+use burn::tensor::{activation, backend::Backend, Tensor, TensorPrimitive};
+
+use crate::batch_norm::BatchNormBackend;
 
 use crate::precision::{cast, Precision};
 
@@ -46,13 +49,47 @@ pub fn linear<B: Backend>(p: &Precision, layer: &Linear<B>, x: Tensor<B, 2>) -> 
 
 /// Batch norm computed in the policy's batch-norm dtype; the result returns in the dtype it
 /// came in, so the next layer sees what it expects.
-pub fn batch_norm<B: Backend>(
+///
+/// Under autodiff (training) it normalises with the batch statistics through
+/// [`BatchNormBackend::batch_norm_train`], which saves only its input and per-channel vectors,
+/// and updates the running averages as `burn::nn::BatchNorm` does (momentum, biased variance).
+/// Without autodiff (evaluation) it normalises with the running averages.
+pub fn batch_norm<B: BatchNormBackend>(
     p: &Precision,
     layer: &BatchNorm<B>,
     x: Tensor<B, 4>,
 ) -> Tensor<B, 4> {
-    let dtype = x.dtype();
-    cast(layer.forward(p.batch_norm(x)), dtype)
+    let work = p.batch_norm;
+    let channels = x.dims()[1];
+    let per_channel = |v: Tensor<B, 1>| cast(v, work).reshape([1, channels, 1, 1]);
+    if !B::ad_enabled(&x.device()) {
+        let dtype = x.dtype();
+        let mean = per_channel(layer.running_mean.value());
+        let rstd = per_channel(layer.running_var.value())
+            .add_scalar(layer.epsilon)
+            .sqrt()
+            .recip();
+        let scale = rstd * per_channel(layer.gamma.val());
+        let y = (cast(x, work) - mean) * scale + per_channel(layer.beta.val());
+        return cast(y, dtype);
+    }
+    let out = B::batch_norm_train(
+        x.into_primitive().tensor(),
+        layer.gamma.val().into_primitive().tensor(),
+        layer.beta.val().into_primitive().tensor(),
+        work,
+        layer.epsilon,
+    );
+    let float = |t| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t));
+    let m = layer.momentum;
+    let update = |running: &RunningState<Tensor<B, 1>>, batch: Tensor<B, 1>| {
+        let old = running.value_sync();
+        let batch = cast(batch.detach(), old.dtype());
+        running.update((old.mul_scalar(1.0 - m) + batch.mul_scalar(m)).detach());
+    };
+    update(&layer.running_mean, float(out.mean));
+    update(&layer.running_var, float(out.var));
+    Tensor::from_primitive(TensorPrimitive::Float(out.output))
 }
 
 /// ReLU in whatever dtype its input has.

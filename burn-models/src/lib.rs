@@ -4,11 +4,13 @@
 //! [`Precision`] policy in `forward`: the policy decides every dtype, the layers only apply it.
 #![warn(missing_docs)]
 
+pub mod batch_norm;
 pub mod layers;
 pub mod mobilenet;
 pub mod precision;
 pub mod simple;
 
 pub use mobilenet::{MobileNet, MobileNetConfig, MobileNetError};
-pub use precision::Precision;
+pub use batch_norm::BatchNormBackend;
+pub use precision::{cast_params, dtype_name, Precision, PrecisionMode};
 pub use simple::{SimpleModel, SimpleModelConfig};

@@ -12,6 +12,7 @@ use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::prelude::*;
 
+use crate::batch_norm::BatchNormBackend;
 use crate::layers;
 use crate::precision::Precision;
 
@@ -153,7 +154,9 @@ impl<B: Backend> ConvBn<B> {
     fn buffers(&self) -> usize {
         2 * self.bn.running_mean.value().dims()[0]
     }
+}
 
+impl<B: BatchNormBackend> ConvBn<B> {
     /// # Shapes
     /// `[batch, c_in, h, w]` → `[batch, c_out, h / stride, w / stride]`
     pub fn forward(&self, x: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
@@ -177,7 +180,9 @@ impl<B: Backend> DepthwiseSeparable<B> {
             pointwise: ConvBn::new(c_in, c_out, 1, 1, 1, device),
         }
     }
+}
 
+impl<B: BatchNormBackend> DepthwiseSeparable<B> {
     /// # Shapes
     /// `[batch, c_in, h, w]` → `[batch, c_out, h / stride, w / stride]`
     pub fn forward(&self, x: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
@@ -206,7 +211,9 @@ impl<B: Backend> MobileNet<B> {
                 .sum::<usize>();
         self.num_params() - buffers
     }
+}
 
+impl<B: BatchNormBackend> MobileNet<B> {
     /// Logits for a batch of images.
     ///
     /// # Shapes

@@ -11,6 +11,7 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
+use crate::loss_scale::ScalerState;
 use crate::optim::Optim;
 
 /// Where the loop stood when the checkpoint was written.
@@ -20,6 +21,16 @@ pub struct LoopState {
     pub step: usize,
     /// Epochs completed.
     pub epoch: usize,
+    /// Optimizer windows done in the current epoch (the accumulation position: checkpoints
+    /// are written between windows, so no partial gradient is ever pending).
+    #[serde(default)]
+    pub window: usize,
+    /// Steps skipped for gradient overflow so far.
+    #[serde(default)]
+    pub skipped: usize,
+    /// The loss scaler's scale and growth count.
+    #[serde(default)]
+    pub scaler: Option<ScalerState>,
     /// Model name, checked on resume.
     pub model: String,
     /// Optimizer name, checked on resume.
@@ -98,4 +109,13 @@ pub fn load<M: AutodiffModule<B>, B: AutodiffBackend>(
 /// The default checkpoint folder inside a run's output folder.
 pub fn dir(output: &Path) -> PathBuf {
     output.join("checkpoint")
+}
+
+/// "the last checkpoint in DIR is intact", or that none was written yet: for failure messages.
+pub fn describe(dir: &Path) -> String {
+    if dir.join("state.json").exists() {
+        format!("the last checkpoint in {} is intact", dir.display())
+    } else {
+        "no checkpoint had been written yet".into()
+    }
 }

@@ -2,7 +2,7 @@
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
-use burn_models::Precision;
+use burn_models::{BatchNormBackend, Precision};
 
 use crate::data::{Batcher, ImageSet};
 use crate::model::Classifier;
@@ -17,7 +17,7 @@ pub struct EvalResult {
 }
 
 /// Evaluates `model` (already `valid()`, so batch norm uses its running statistics) on `set`.
-pub fn evaluate<B: Backend>(
+pub fn evaluate<B: BatchNormBackend>(
     model: &Classifier<B>,
     set: &ImageSet,
     batcher: &Batcher,

@@ -1,14 +1,19 @@
 //! oomlab's trainer: configuration, data, the training loop and its reports.
 
+pub mod accumulate;
 pub mod backend;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
 pub mod eval;
+pub mod grads;
+pub mod loss_scale;
 pub mod malloc;
 pub mod model;
 pub mod optim;
 pub mod progress;
+pub mod schedule;
+pub mod step;
 pub mod summary;
 pub mod train;

@@ -32,6 +32,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Some(path) => config::load(path, &overrides)?,
         None => config::load_str(DEFAULT_CONFIG, "embedded/f32.toml".as_ref(), &overrides)?,
     };
+    if let Some(note) = &settings.precision.note {
+        eprintln!("note: {note}");
+    }
     let selected = backend::select(settings.backend, settings.cuda_index)?;
     let resume = cli.resume.as_deref();
     let summary = match &selected {

@@ -1,7 +1,7 @@
 //! The network a config names, as one type the training loop can hold.
 
 use burn::prelude::*;
-use burn_models::{MobileNet, MobileNetError, Precision, SimpleModel};
+use burn_models::{BatchNormBackend, MobileNet, MobileNetError, Precision, SimpleModel};
 
 use crate::config::ModelSpec;
 
@@ -25,6 +25,11 @@ impl<B: Backend> Classifier<B> {
         })
     }
 
+    /// Whether the network has batch norms (so whether their dtype matters).
+    pub fn has_batch_norm(&self) -> bool {
+        matches!(self, Self::MobileNet(_))
+    }
+
     /// Trainable parameters (batch-norm running statistics excluded).
     pub fn trainable_params(&self) -> usize {
         match self {
@@ -33,6 +38,9 @@ impl<B: Backend> Classifier<B> {
         }
     }
 
+}
+
+impl<B: BatchNormBackend> Classifier<B> {
     /// Logits, `[batch, classes]`, in the policy's output dtype.
     pub fn forward(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 2> {
         match self {

@@ -4,6 +4,7 @@
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::eval::EvalResult;
+use crate::step::Outcome;
 
 /// A bar over the run's optimizer steps.
 pub struct Progress {
@@ -25,11 +26,24 @@ impl Progress {
         Self { bar }
     }
 
-    /// One optimizer step done.
-    pub fn step(&mut self, loss: f64, images_per_sec: f64) {
-        self.bar
-            .set_message(format!("loss {loss:.4} | {images_per_sec:.0} img/s"));
-        self.bar.inc(1);
+    /// One window done: the bar advances only when it was an optimizer step.
+    pub fn step(
+        &mut self,
+        outcome: Outcome,
+        loss: f64,
+        images_per_sec: f64,
+        scale: &str,
+        skipped: usize,
+    ) {
+        let mut msg = format!("loss {loss:.4} | {images_per_sec:.0} img/s");
+        if scale != "off" {
+            msg.push_str(&format!(" | scale {scale} | skipped {skipped}"));
+        }
+        if let Outcome::Stepped { lr } = outcome {
+            msg.push_str(&format!(" | lr {lr:.2e}"));
+            self.bar.inc(1);
+        }
+        self.bar.set_message(msg);
     }
 
     /// An epoch's end: printed above the bar (to stderr), kept in logs.

@@ -13,8 +13,21 @@ pub struct Summary {
     pub parameters: usize,
     pub backend: String,
     pub precision: String,
+    /// dtype batch norm computes in; absent for models without batch norm.
+    pub batch_norm: Option<String>,
+    /// `off`, or the scaling kind and the scale at the end of the run.
+    pub loss_scale: String,
+    /// Optimizer steps skipped because a gradient overflowed.
+    pub skipped_steps: usize,
     pub optimizer: String,
+    /// Micro-batch size (one forward/backward).
     pub batch_size: usize,
+    pub accum_steps: usize,
+    /// Samples per optimizer step.
+    pub effective_batch: usize,
+    pub lr_schedule: String,
+    /// Learning rate the next step would use.
+    pub final_lr: f64,
     pub steps: usize,
     pub epochs: usize,
     pub images_per_sec: f64,
@@ -34,8 +47,24 @@ impl Summary {
             ("parameters", thousands(self.parameters)),
             ("backend", self.backend.clone()),
             ("precision", self.precision.clone()),
+            (
+                "batch norm",
+                self.batch_norm.clone().unwrap_or_else(|| "none in model".into()),
+            ),
+            ("loss scale", self.loss_scale.clone()),
+            ("skipped steps", self.skipped_steps.to_string()),
             ("optimizer", self.optimizer.clone()),
-            ("batch size", self.batch_size.to_string()),
+            (
+                "batch",
+                format!(
+                    "{} × accum {} = {} per step",
+                    self.batch_size, self.accum_steps, self.effective_batch
+                ),
+            ),
+            (
+                "lr schedule",
+                format!("{} (final lr {:.3e})", self.lr_schedule, self.final_lr),
+            ),
             ("steps", self.steps.to_string()),
             ("epochs", self.epochs.to_string()),
             ("images/s", format!("{:.0}", self.images_per_sec)),

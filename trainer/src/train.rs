@@ -1,125 +1,195 @@
-//! The training loop. It reads like the seed article's PyTorch loop:
+//! The training loop. It reads like the seed article's PyTorch AMP loop:
 //!
 //! ```text
-//! for images, labels in loader:            for chunk in order.chunks(batch):
-//!     outputs = model(images)                  logits = model.forward(images, &precision)
-//!     loss = criterion(outputs, labels)        loss = loss_fn.forward(logits, labels)
-//!     optimizer.zero_grad(); loss.backward()   grads = loss.backward()  (fresh every step)
-//!     optimizer.step()                         model = optim.step(lr, model, grads)
+//! for i, (images, labels) in enumerate(loader):   for window in epoch's windows:
+//!     with autocast():                                for micro in window.chunks(batch):
+//!         loss = criterion(model(images), labels)         loss = ce(model.forward(x, &policy), y)
+//!     scaler.scale(loss / k).backward()                   grads += (loss · share · scale)'
+//!     if (i + 1) % k == 0:                            unscale; skip on inf/NaN; clip
+//!         scaler.step(optimizer); scaler.update()     model = optim.step(lr(step), model, grads)
+//!         optimizer.zero_grad()                       (grads are fresh for every window)
 //! ```
+//! `share` is the micro-batch's fraction of the window's samples: with a short last window
+//! that is what `loss / k` gets wrong.
 
 use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
 use burn::module::AutodiffModule;
-use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::GradientsParams;
-use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn_models::Precision;
+use burn_models::{cast_params, dtype_name, BatchNormBackend, PrecisionMode};
 
+use crate::accumulate::{window_gradients, Windows};
 use crate::checkpoint::{self, LoopState};
-use crate::config::Settings;
+use crate::config::{unsupported_dtype, Settings};
 use crate::data::{self, shuffled, Batcher};
 use crate::eval::{evaluate, EvalResult};
+use crate::loss_scale::LossScaler;
 use crate::model::Classifier;
 use crate::optim::Optim;
 use crate::progress::Progress;
+use crate::schedule::LrSchedule;
+use crate::step::{Outcome, Stepper, MAX_CONSECUTIVE_SKIPS};
 use crate::summary::Summary;
 
 /// How many of the last step losses the summary's "final train loss" averages.
 const LOSS_WINDOW: usize = 20;
 
 /// Trains the model `settings` describes on `device`; `resume` continues from a checkpoint.
-pub fn train<B: AutodiffBackend>(
+pub fn train<B>(
     settings: &Settings,
     device: B::Device,
     backend: &str,
     resume: Option<&Path>,
-) -> anyhow::Result<Summary> {
+) -> anyhow::Result<Summary>
+where
+    B: AutodiffBackend + BatchNormBackend,
+    B::InnerBackend: BatchNormBackend,
+{
     let started = Instant::now();
-    let t = &settings.train;
+    let (t, p) = (&settings.train, &settings.precision);
+    if let Some(half) = p.mode.half() {
+        if !B::supports_dtype(&device, half) {
+            return Err(unsupported_dtype(p.mode, backend).into());
+        }
+    }
     B::seed(&device, t.seed);
-    let precision = Precision::F32;
+    let policy = p.policy();
 
     let splits = data::load(&settings.data, settings.input_size)?;
     let batcher = Batcher::fit(&splits.train);
     let mut model: Classifier<B> = Classifier::init(&settings.model, &device)?;
     let mut optim = Optim::new(t);
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
 
+    let windows = Windows {
+        batch_size: t.batch_size,
+        accum_steps: t.accum_steps,
+    };
+    let n = splits.train.len();
+    let per_epoch = windows.per_epoch(n);
+    let total_steps = t.max_steps.unwrap_or(t.epochs * per_epoch);
     let mut state = LoopState {
         step: 0,
         epoch: 0,
+        window: 0,
+        skipped: 0,
+        scaler: None,
         model: settings.model.name(),
         optimizer: format!("{:?}", t.optimizer).to_lowercase(),
         config: settings.toml.clone(),
     };
     if let Some(dir) = resume {
+        if p.mode == PrecisionMode::F16 {
+            anyhow::bail!(
+                "--resume is not available with precision.mode = \"f16\": checkpoints store \
+                 f32 weights, and this mode has none to return to"
+            );
+        }
         (model, optim, state) = checkpoint::load(dir, model, optim, &state, &device)?;
         state.config = settings.toml.clone();
     }
+    if p.mode == PrecisionMode::F16 {
+        // No master weights: the parameters themselves become f16.
+        model = cast_params(model, p.mode.parameter_dtype());
+    }
+    let mut stepper = Stepper {
+        optim,
+        scaler: LossScaler::new(p.loss_scale),
+        schedule: LrSchedule::new(t, total_steps),
+        clip_norm: t.grad_clip_norm,
+        step: state.step,
+        skipped: state.skipped,
+        consecutive_skips: 0,
+    };
+    if let Some(saved) = state.scaler {
+        stepper.scaler.restore(saved);
+    }
 
-    let n = splits.train.len();
-    let steps_per_epoch = n.div_ceil(t.batch_size);
-    let total_steps = t.max_steps.unwrap_or(t.epochs * steps_per_epoch);
     let checkpoint_dir = checkpoint::dir(&t.output_dir);
     let mut progress = Progress::new(total_steps, state.step);
     let mut losses: Vec<f64> = Vec::new();
     let (mut train_seconds, mut images_seen) = (0.0, 0usize);
     let mut eval: Option<EvalResult> = None;
+    let done = |s: &Stepper<_, _>, epoch: usize| match t.max_steps {
+        Some(max) => s.step >= max,
+        None => epoch >= t.epochs,
+    };
 
-    while state.step < total_steps {
+    while !done(&stepper, state.epoch) {
         let order = shuffled(n, t.seed, state.epoch as u64);
-        // Resuming mid-epoch (after a max_steps run) skips the batches already trained on.
-        let done_in_epoch = state.step - state.epoch * steps_per_epoch;
-        for chunk in order.chunks(t.batch_size).skip(done_in_epoch) {
-            if state.step >= total_steps {
+        // Resuming mid-epoch skips the windows already trained on.
+        for window in windows.split(&order).skip(state.window) {
+            if done(&stepper, state.epoch) {
                 break;
             }
             let tick = Instant::now();
-            let (images, labels) = batcher.batch::<B>(&splits.train, chunk, &device);
-            let logits = model.forward(images, &precision);
-            let loss = loss_fn.forward(logits, labels);
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            model = optim.step(t.lr, model, grads);
-            let loss: f64 = loss.into_scalar().elem();
+            let w = window_gradients(
+                &model,
+                window,
+                t.batch_size,
+                &policy,
+                stepper.scaler.scale(),
+                |idx| batcher.batch::<B>(&splits.train, idx, &device),
+            );
+            let outcome;
+            (model, outcome) = stepper.apply(model, w.grads);
             train_seconds += tick.elapsed().as_secs_f64();
-            images_seen += chunk.len();
-            state.step += 1;
-            losses.push(loss);
-            progress.step(loss, images_seen as f64 / train_seconds.max(1e-9));
+            images_seen += window.len();
+            state.window += 1;
+            if let Outcome::Stepped { .. } = outcome {
+                losses.push(w.loss);
+            }
+            progress.step(
+                outcome,
+                w.loss,
+                images_seen as f64 / train_seconds.max(1e-9),
+                &stepper.scaler.describe(),
+                stepper.skipped,
+            );
+            if stepper.diverged() {
+                progress.finish();
+                anyhow::bail!(
+                    "training diverged: the last {MAX_CONSECUTIVE_SKIPS} optimizer steps all had \
+                     inf/NaN gradients (loss scale now {}, last loss {}); the weights were not \
+                     updated by them; {}",
+                    stepper.scaler.describe(),
+                    w.loss,
+                    checkpoint::describe(&checkpoint_dir)
+                );
+            }
         }
-        if state.step == (state.epoch + 1) * steps_per_epoch {
+        sync_state(&mut state, &stepper);
+        if state.window == per_epoch {
             state.epoch += 1;
+            state.window = 0;
             let result = evaluate(
                 &model.valid(),
                 &splits.eval,
                 &batcher,
                 t.batch_size,
-                &precision,
+                &policy,
                 &device,
             );
             progress.epoch(state.epoch, mean_tail(&losses), result);
             eval = Some(result);
-            checkpoint::save(&checkpoint_dir, &model, &optim, &state)
+            checkpoint::save(&checkpoint_dir, &model, &stepper.optim, &state)
                 .with_context(|| format!("saving checkpoint after epoch {}", state.epoch))?;
         }
     }
     progress.finish();
     // A run stopped by max_steps mid-epoch is still evaluated and checkpointed at its end.
     let eval = match eval {
-        Some(e) if state.step.is_multiple_of(steps_per_epoch) => e,
+        Some(e) if state.window == 0 => e,
         _ => {
-            checkpoint::save(&checkpoint_dir, &model, &optim, &state)
+            checkpoint::save(&checkpoint_dir, &model, &stepper.optim, &state)
                 .context("saving final checkpoint")?;
             evaluate(
                 &model.valid(),
                 &splits.eval,
                 &batcher,
                 t.batch_size,
-                &precision,
+                &policy,
                 &device,
             )
         }
@@ -130,9 +200,18 @@ pub fn train<B: AutodiffBackend>(
         model: settings.model.name(),
         parameters: model.trainable_params(),
         backend: backend.to_string(),
-        precision: "f32".into(),
+        precision: p.mode.name().into(),
+        batch_norm: model
+            .has_batch_norm()
+            .then(|| dtype_name(policy.batch_norm).to_string()),
+        loss_scale: stepper.scaler.describe(),
+        skipped_steps: stepper.skipped,
         optimizer: state.optimizer.clone(),
         batch_size: t.batch_size,
+        accum_steps: t.accum_steps,
+        effective_batch: t.effective_batch(),
+        lr_schedule: format!("{:?}", t.lr_schedule).to_lowercase(),
+        final_lr: stepper.lr(),
         steps: state.step,
         epochs: state.epoch,
         images_per_sec: images_seen as f64 / train_seconds.max(1e-9),
@@ -142,6 +221,13 @@ pub fn train<B: AutodiffBackend>(
         wall_seconds: started.elapsed().as_secs_f64(),
         checkpoint: checkpoint_dir.display().to_string(),
     })
+}
+
+/// Copies the stepper's counters into the state a checkpoint records.
+fn sync_state<M: AutodiffModule<B>, B: AutodiffBackend>(s: &mut LoopState, st: &Stepper<M, B>) {
+    s.step = st.step;
+    s.skipped = st.skipped;
+    s.scaler = st.scaler.is_active().then(|| st.scaler.state());
 }
 
 /// Mean of the last [`LOSS_WINDOW`] losses (NaN before the first step).

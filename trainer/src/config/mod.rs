@@ -2,13 +2,15 @@
 //!
 //! Every failure is one [`ConfigError`] line that names the key, the value and what is allowed.
 
+mod precision;
 mod raw;
 
 use std::path::{Path, PathBuf};
 
 use burn_models::{MobileNetConfig, SimpleModelConfig};
 
-pub use raw::{BackendKind, DataSource, ModelName, OptimizerName, RawConfig};
+pub use precision::{unsupported_dtype, LossScaleSpec, PrecisionSpec};
+pub use raw::{BackendKind, DataSource, ModelName, OptimizerName, RawConfig, ScheduleName};
 
 /// A config that cannot be used. The binary prints it on one line and exits with code 2.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +87,19 @@ pub struct TrainSpec {
     pub weight_decay: f64,
     pub seed: u64,
     pub output_dir: PathBuf,
+    /// Micro-batches per optimizer step.
+    pub accum_steps: usize,
+    pub lr_schedule: ScheduleName,
+    pub warmup_steps: usize,
+    pub min_lr: f64,
+    pub grad_clip_norm: Option<f64>,
+}
+
+impl TrainSpec {
+    /// Samples per optimizer step: `batch_size × accum_steps`.
+    pub fn effective_batch(&self) -> usize {
+        self.batch_size * self.accum_steps
+    }
 }
 
 /// Everything the trainer runs on.
@@ -99,6 +114,7 @@ pub struct Settings {
     pub num_classes: usize,
     pub data: DataSpec,
     pub train: TrainSpec,
+    pub precision: PrecisionSpec,
     pub backend: BackendKind,
     pub cuda_index: usize,
 }
@@ -181,7 +197,7 @@ fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError>
     Ok(())
 }
 
-fn out_of_range(key: &'static str, value: impl ToString, allowed: &str) -> ConfigError {
+pub(crate) fn out_of_range(key: &'static str, value: impl ToString, allowed: &str) -> ConfigError {
     ConfigError::Value {
         key,
         value: value.to_string(),
@@ -336,6 +352,36 @@ fn validate(path: &Path, raw: RawConfig) -> Result<Settings, ConfigError> {
             "must be a finite number >= 0",
         ));
     }
+    if t.accum_steps == 0 {
+        return Err(out_of_range(
+            "train.accum_steps",
+            0,
+            "must be at least 1 (1 = no accumulation)",
+        ));
+    }
+    if !(t.min_lr >= 0.0 && t.min_lr <= t.lr) {
+        return Err(out_of_range(
+            "train.min_lr",
+            t.min_lr,
+            "must be in [0, train.lr]",
+        ));
+    }
+    if t.lr_schedule == ScheduleName::Constant && t.warmup_steps > 0 {
+        return Err(ConfigError::Key {
+            key: "train.warmup_steps".into(),
+            message: "applies only to train.lr_schedule = \"warmup-cosine\"".into(),
+        });
+    }
+    if let Some(c) = t.grad_clip_norm {
+        if !(c > 0.0 && c.is_finite()) {
+            return Err(out_of_range(
+                "train.grad_clip_norm",
+                c,
+                "must be a finite number > 0 (or left out)",
+            ));
+        }
+    }
+    let precision = precision::validate(&raw.precision)?;
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -363,7 +409,13 @@ fn validate(path: &Path, raw: RawConfig) -> Result<Settings, ConfigError> {
             weight_decay: t.weight_decay,
             seed: t.seed,
             output_dir,
+            accum_steps: t.accum_steps,
+            lr_schedule: t.lr_schedule,
+            warmup_steps: t.warmup_steps,
+            min_lr: t.min_lr,
+            grad_clip_norm: t.grad_clip_norm,
         },
+        precision,
         backend: raw.backend.kind,
         cuda_index: raw.backend.cuda_index,
     })

@@ -13,6 +13,8 @@ pub struct RawConfig {
     pub data: RawData,
     /// `[train]`
     pub train: RawTrain,
+    /// `[precision]`
+    pub precision: RawPrecision,
     /// `[backend]`
     pub backend: RawBackend,
 }
@@ -109,6 +111,22 @@ pub struct RawTrain {
     pub weight_decay: f64,
     pub seed: u64,
     pub output_dir: Option<String>,
+    pub accum_steps: usize,
+    pub lr_schedule: ScheduleName,
+    pub warmup_steps: usize,
+    pub min_lr: f64,
+    pub grad_clip_norm: Option<f64>,
+}
+
+/// How the learning rate moves over the optimizer steps.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScheduleName {
+    /// `train.lr` throughout.
+    #[default]
+    Constant,
+    /// Linear warmup over `train.warmup_steps`, then cosine decay to `train.min_lr`.
+    WarmupCosine,
 }
 
 impl Default for RawTrain {
@@ -123,6 +141,11 @@ impl Default for RawTrain {
             weight_decay: 0.0,
             seed: 42,
             output_dir: None,
+            accum_steps: 1,
+            lr_schedule: ScheduleName::Constant,
+            warmup_steps: 0,
+            min_lr: 0.0,
+            grad_clip_norm: None,
         }
     }
 }
@@ -146,4 +169,60 @@ pub enum BackendKind {
 pub struct RawBackend {
     pub kind: BackendKind,
     pub cuda_index: usize,
+}
+
+/// `precision.mode` as written.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ModeName {
+    /// Everything in f32.
+    #[default]
+    #[serde(rename = "f32")]
+    F32,
+    /// f16 compute, f32 master weights.
+    #[serde(rename = "f16-mixed")]
+    F16Mixed,
+    /// bf16 compute, f32 master weights.
+    #[serde(rename = "bf16-mixed")]
+    Bf16Mixed,
+    /// Everything in f16.
+    #[serde(rename = "f16")]
+    F16,
+}
+
+/// `precision.loss_scale` as written: `"dynamic"`, `"off"` or a number.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RawLossScale {
+    /// A fixed scale.
+    Fixed(f64),
+    /// `"dynamic"` or `"off"`.
+    Named(String),
+}
+
+/// `[precision]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawPrecision {
+    pub mode: ModeName,
+    pub batch_norm_f32: bool,
+    pub loss_scale: Option<RawLossScale>,
+    pub init_scale: f64,
+    pub growth_factor: f64,
+    pub backoff_factor: f64,
+    pub growth_interval: usize,
+}
+
+impl Default for RawPrecision {
+    /// PyTorch GradScaler's defaults.
+    fn default() -> Self {
+        Self {
+            mode: ModeName::F32,
+            batch_norm_f32: true,
+            loss_scale: None,
+            init_scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+        }
+    }
 }

@@ -1,0 +1,213 @@
+//! Training-mode batch norm as one autodiff op that computes in a chosen dtype and saves only
+//! what its backward needs: its input (in the dtype it arrived in, f16 under mixed precision)
+//! and two per-channel vectors (mean and 1/σ).
+//!
+//! Composing batch norm from tensor ops (as `burn::nn::BatchNorm` does) makes autodiff keep
+//! every intermediate: under mixed precision, with BN "kept in f32" by casting its input, that
+//! is an f32 copy of every BN input and of the normalised result. cuDNN's fused batch norm, which
+//! PyTorch autocast uses, saves only the input and the statistics; this op does the same.
+//!
+//! ```text
+//! forward  x̂ = (x − μ)·r,  r = 1/√(σ² + ε),  y = γ·x̂ + β       (μ, σ² over N, H, W; biased σ²)
+//! backward dβ = Σ dy,  dγ = Σ dy·x̂,  dx = γ·r·(dy − mean(dy) − x̂·mean(dy·x̂))
+//! ```
+//! Both passes compute in the working dtype and return results in the dtypes of their inputs.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::{Autodiff, NodeId};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Tensor, TensorPrimitive};
+
+use crate::precision::cast;
+
+/// What a training-mode batch norm returns: the output, in the input's dtype, and the batch
+/// statistics, `[channels]` in the working dtype, for the running averages.
+pub struct BatchNormOutput<B: Backend> {
+    /// Normalised, scaled and shifted input.
+    pub output: FloatTensor<B>,
+    /// Per-channel batch mean.
+    pub mean: FloatTensor<B>,
+    /// Per-channel biased batch variance.
+    pub var: FloatTensor<B>,
+}
+
+/// A backend that can run [training-mode batch norm](BatchNormBackend::batch_norm_train).
+///
+/// Plain backends use the composed default; [`Autodiff`] overrides it with a single op whose
+/// backward is written out, so it saves only the input and the statistics.
+pub trait BatchNormBackend: Backend {
+    /// Batch norm over a `[batch, channels, h, w]` input, with `gamma` and `beta` of shape
+    /// `[channels]`, computed in `work`.
+    fn batch_norm_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        work: DType,
+        epsilon: f64,
+    ) -> BatchNormOutput<Self> {
+        let f = forward::<Self>(x, gamma, beta, work, epsilon);
+        BatchNormOutput {
+            output: f.output,
+            mean: f.mean,
+            var: f.var,
+        }
+    }
+}
+
+impl BatchNormBackend for burn::backend::Flex {}
+impl BatchNormBackend for burn::backend::Cuda {}
+
+/// Everything the forward pass computes; the autodiff op keeps `mean` and `rstd`.
+struct Forward<B: Backend> {
+    output: FloatTensor<B>,
+    mean: FloatTensor<B>,
+    var: FloatTensor<B>,
+    rstd: FloatTensor<B>,
+}
+
+fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+    t.into_primitive().tensor()
+}
+
+/// Mean over batch, height and width, one axis at a time: the partial sums stay small, so a
+/// half-precision working dtype does not overflow on large batches.
+fn channel_mean<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
+    x.mean_dim(0).mean_dim(2).mean_dim(3)
+}
+
+/// `[channels]` → `[1, channels, 1, 1]`, cast to `dtype`.
+fn per_channel<B: Backend>(v: FloatTensor<B>, dtype: DType) -> Tensor<B, 4> {
+    let v: Tensor<B, 1> = cast(float(v), dtype);
+    let c = v.dims()[0];
+    v.reshape([1, c, 1, 1])
+}
+
+fn flat<B: Backend>(v: Tensor<B, 4>) -> FloatTensor<B> {
+    let c = v.dims()[1];
+    prim(v.reshape([c]))
+}
+
+fn forward<B: Backend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    work: DType,
+    epsilon: f64,
+) -> Forward<B> {
+    let x: Tensor<B, 4> = float(x);
+    let dtype = x.dtype();
+    let xw = cast(x, work);
+    let mean = channel_mean(xw.clone());
+    let centered = xw - mean.clone();
+    let var = channel_mean(centered.clone().square());
+    let rstd = var.clone().add_scalar(epsilon).sqrt().recip();
+    let scale = rstd.clone() * per_channel(gamma, work);
+    let y = centered * scale + per_channel(beta, work);
+    Forward {
+        output: prim(cast(y, dtype)),
+        mean: flat(mean),
+        var: flat(var),
+        rstd: flat(rstd),
+    }
+}
+
+/// Gradients of x, γ and β from the saved input and statistics.
+fn backward<B: Backend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    state: &SavedStats<B>,
+    grad: FloatTensor<B>,
+) -> [FloatTensor<B>; 3] {
+    let x: Tensor<B, 4> = float(x);
+    let [n, _, h, w] = x.dims();
+    let count = (n * h * w) as f64;
+    let (x_dtype, param_dtype) = (x.dtype(), float::<B, 1>(gamma.clone()).dtype());
+    let work = state.work;
+    let xhat = (cast(x, work) - per_channel(state.mean.clone(), work))
+        * per_channel(state.rstd.clone(), work);
+    let dy = cast(float::<B, 4>(grad), work);
+    let mean_dy = channel_mean(dy.clone());
+    let mean_dy_xhat = channel_mean(dy.clone() * xhat.clone());
+    let scale = per_channel(gamma, work) * per_channel(state.rstd.clone(), work);
+    let dx = (dy - mean_dy.clone() - xhat * mean_dy_xhat.clone()) * scale;
+    // Σ = mean · count, scaled in f32 so a half working dtype cannot overflow here.
+    let sum = |m: Tensor<B, 4>| {
+        let m: Tensor<B, 1> = float(flat(m));
+        prim(cast(cast(m, DType::F32).mul_scalar(count), param_dtype))
+    };
+    [prim(cast(dx, x_dtype)), sum(mean_dy_xhat), sum(mean_dy)]
+}
+
+/// Per-channel statistics the backward pass needs, in the working dtype.
+#[derive(Clone, Debug)]
+struct SavedStats<B: Backend> {
+    mean: FloatTensor<B>,
+    rstd: FloatTensor<B>,
+    work: DType,
+}
+
+#[derive(Debug)]
+struct BatchNormBackward;
+
+impl<B: Backend> Backward<B, 3> for BatchNormBackward {
+    type State = (NodeId, NodeId, SavedStats<B>);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, ckpt: &mut Checkpointer) {
+        let [node_x, node_gamma, node_beta] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (x_id, gamma_id, stats) = ops.state;
+        let x = ckpt.retrieve_node_output::<FloatTensor<B>>(x_id);
+        let gamma = ckpt.retrieve_node_output::<FloatTensor<B>>(gamma_id);
+        let [dx, dgamma, dbeta] = backward::<B>(x, gamma, &stats, grad);
+        for (node, g) in [(node_x, dx), (node_gamma, dgamma), (node_beta, dbeta)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, g);
+            }
+        }
+    }
+}
+
+impl<B: BatchNormBackend, C: CheckpointStrategy> BatchNormBackend for Autodiff<B, C> {
+    fn batch_norm_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        work: DType,
+        epsilon: f64,
+    ) -> BatchNormOutput<Self> {
+        let f = forward::<B>(
+            x.primitive.clone(),
+            gamma.primitive.clone(),
+            beta.primitive.clone(),
+            work,
+            epsilon,
+        );
+        let (mean, var) = (Self::from_inner(f.mean.clone()), Self::from_inner(f.var));
+        let stats = SavedStats {
+            mean: f.mean,
+            rstd: f.rstd,
+            work,
+        };
+        let output = match BatchNormBackward
+            .prepare::<C>([x.node.clone(), gamma.node.clone(), beta.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let x_id = prep.checkpoint(&x);
+                let gamma_id = prep.checkpoint(&gamma);
+                prep.finish((x_id, gamma_id, stats), f.output)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(f.output),
+        };
+        BatchNormOutput { output, mean, var }
+    }
+}

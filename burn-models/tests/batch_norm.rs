@@ -1,0 +1,102 @@
+//! The batch-norm op against Burn's composed `BatchNorm`, on the CPU backend under autodiff.
+
+use burn::backend::{Autodiff, Flex};
+use burn::nn::{BatchNorm, BatchNormConfig};
+use burn::tensor::{DType, Distribution, Tensor};
+use burn_models::layers;
+use burn_models::{Precision, PrecisionMode};
+
+type B = Autodiff<Flex>;
+
+fn max_rel_err<const D: usize>(a: Tensor<Flex, D>, b: Tensor<Flex, D>) -> f32 {
+    let a = a.cast(DType::F32);
+    let b = b.cast(DType::F32);
+    let scale = b.clone().abs().max().into_scalar().max(1e-12);
+    (a - b).abs().max().into_scalar() / scale
+}
+
+/// A batch norm whose γ and β are not 1 and 0, so their gradients are exercised.
+fn layer() -> BatchNorm<B> {
+    let device = Default::default();
+    let mut bn = BatchNormConfig::new(6).init::<B>(&device);
+    let gamma = Tensor::<B, 1>::random([6], Distribution::Uniform(0.5, 1.5), &device);
+    let beta = Tensor::<B, 1>::random([6], Distribution::Uniform(-0.5, 0.5), &device);
+    bn.gamma = bn.gamma.map(|_| gamma.require_grad());
+    bn.beta = bn.beta.map(|_| beta.require_grad());
+    bn
+}
+
+fn input() -> Tensor<B, 4> {
+    let x = Tensor::<B, 4>::random([4, 6, 5, 5], Distribution::Normal(2.0, 3.0), &Default::default());
+    x.require_grad()
+}
+
+/// In f32, the op's output, input gradient, γ/β gradients and running statistics equal those
+/// of `burn::nn::BatchNorm` (its composed ops are the reference).
+#[test]
+fn f32_op_matches_burns_batch_norm() {
+    let (bn, x) = (layer(), input());
+    // A weighting of the output so that dy is not constant per channel.
+    let w = Tensor::<B, 4>::random([4, 6, 5, 5], Distribution::Default, &Default::default());
+
+    let x_ref = x.clone().detach().require_grad();
+    let reference = bn.forward(x_ref.clone());
+    let g_ref = (reference.clone() * w.clone()).sum().backward();
+
+    let x_op = x.detach().require_grad();
+    let ours = layers::batch_norm(&Precision::F32, &bn, x_op.clone());
+    let g_ours = (ours.clone() * w).sum().backward();
+
+    assert!(max_rel_err(ours.inner(), reference.inner()) < 1e-5);
+    let (dx_ours, dx_ref) = (x_op.grad(&g_ours).unwrap(), x_ref.grad(&g_ref).unwrap());
+    assert!(max_rel_err(dx_ours, dx_ref) < 1e-4);
+    for param in [&bn.gamma, &bn.beta] {
+        let a = param.val().grad(&g_ours).unwrap();
+        let b = param.val().grad(&g_ref).unwrap();
+        assert!(max_rel_err(a, b) < 1e-5);
+    }
+}
+
+/// Each training forward moves the running averages exactly as Burn's layer does.
+#[test]
+fn running_statistics_match_burns_batch_norm() {
+    let (ours, reference, x) = (layer(), layer(), input());
+    let reference = BatchNorm {
+        gamma: ours.gamma.clone(),
+        beta: ours.beta.clone(),
+        ..reference
+    };
+    let _ = reference.forward(x.clone());
+    let _ = layers::batch_norm(&Precision::F32, &ours, x);
+    let pairs = [
+        (ours.running_mean.value(), reference.running_mean.value()),
+        (ours.running_var.value(), reference.running_var.value()),
+    ];
+    for (a, b) in pairs {
+        assert!(max_rel_err(a.inner(), b.inner()) < 1e-6);
+    }
+}
+
+/// Under f16-mixed with BN in f32 the output comes back in f16 and γ's gradient in f32, and
+/// both agree with the all-f32 computation to f16 precision.
+#[test]
+fn f16_input_keeps_dtypes_and_matches_f32() {
+    let (bn, x) = (layer(), input());
+    let policy = PrecisionMode::F16Mixed.policy(true);
+
+    let x16 = Tensor::<B, 4>::from_inner(x.clone().inner().cast(DType::F16)).require_grad();
+    let y16 = layers::batch_norm(&policy, &bn, x16.clone());
+    assert_eq!(y16.dtype(), DType::F16);
+    let g16 = y16.clone().cast(DType::F32).sum().backward();
+
+    let y32 = layers::batch_norm(&Precision::F32, &bn, x.clone());
+    let g32 = y32.clone().sum().backward();
+
+    assert!(max_rel_err(y16.inner(), y32.inner()) < 2e-3);
+    let dgamma16 = bn.gamma.val().grad(&g16).unwrap();
+    assert_eq!(dgamma16.dtype(), DType::F32);
+    assert_eq!(x16.grad(&g16).unwrap().dtype(), DType::F16);
+    let dbeta16 = bn.beta.val().grad(&g16).unwrap();
+    let dbeta32 = bn.beta.val().grad(&g32).unwrap();
+    assert!(max_rel_err(dbeta16, dbeta32) < 1e-6);
+}

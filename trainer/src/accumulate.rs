@@ -1,0 +1,82 @@
+//! Gradient accumulation: `accum_steps` micro-batches of `batch_size` make one optimizer step.
+//!
+//! Each micro-batch's mean loss is weighted by its share of the window's samples, so the summed
+//! gradient is the gradient of the window's mean loss, exactly what one batch of the window's
+//! size would give (for models without batch norm: BN normalises each micro-batch with its own
+//! statistics). An epoch's last window may be shorter; it is weighted by its real size and
+//! never borrows samples from the next epoch.
+
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn_models::{BatchNormBackend, Precision};
+
+use crate::model::Classifier;
+
+/// Samples per optimizer step, and how they split into micro-batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Windows {
+    /// Samples per micro-batch (one forward/backward).
+    pub batch_size: usize,
+    /// Micro-batches per optimizer step.
+    pub accum_steps: usize,
+}
+
+impl Windows {
+    /// Samples in a full window.
+    pub fn window_size(&self) -> usize {
+        self.batch_size * self.accum_steps
+    }
+
+    /// Optimizer steps in an epoch of `n` samples; the last may be short.
+    pub fn per_epoch(&self, n: usize) -> usize {
+        n.div_ceil(self.window_size())
+    }
+
+    /// An epoch's sample order cut into windows.
+    pub fn split<'a>(&self, order: &'a [usize]) -> std::slice::Chunks<'a, usize> {
+        order.chunks(self.window_size())
+    }
+}
+
+/// The summed gradient of one window and the window's mean loss (unscaled).
+pub struct WindowGrads {
+    /// Gradients of `loss_scale × mean loss` with respect to every parameter.
+    pub grads: GradientsParams,
+    /// Mean cross-entropy over the window's samples.
+    pub loss: f64,
+}
+
+/// Runs forward and backward over `window` in micro-batches of `batch_size` and sums the
+/// gradients, each micro-batch's loss weighted by its share of the window and multiplied by
+/// `loss_scale`. `load` turns sample indices into a batch.
+pub fn window_gradients<B>(
+    model: &Classifier<B>,
+    window: &[usize],
+    batch_size: usize,
+    policy: &Precision,
+    loss_scale: f64,
+    mut load: impl FnMut(&[usize]) -> (Tensor<B, 4>, Tensor<B, 1, Int>),
+) -> WindowGrads
+where
+    B: AutodiffBackend + BatchNormBackend,
+{
+    let mut accumulator = GradientsAccumulator::new();
+    let total = window.len() as f64;
+    let mut loss_sum = 0.0;
+    for micro in window.chunks(batch_size) {
+        let (images, labels) = load(micro);
+        let loss_fn = CrossEntropyLossConfig::new().init(&images.device());
+        let logits = model.forward(images, policy);
+        let loss = loss_fn.forward(logits, labels);
+        let share = micro.len() as f64 / total;
+        let grads = loss.clone().mul_scalar(share * loss_scale).backward();
+        accumulator.accumulate(model, GradientsParams::from_grads(grads, model));
+        loss_sum += share * loss.into_scalar().elem::<f64>();
+    }
+    WindowGrads {
+        grads: accumulator.grads(),
+        loss: loss_sum,
+    }
+}

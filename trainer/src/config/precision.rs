@@ -1,0 +1,155 @@
+//! `[precision]`, validated: the mode, where batch norm computes, and the loss scaling.
+
+use burn_models::{Precision, PrecisionMode};
+
+use super::raw::{ModeName, RawLossScale, RawPrecision};
+use super::{out_of_range, ConfigError};
+
+/// How the loss is scaled before backward.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LossScaleSpec {
+    /// No scaling (f32, bf16).
+    Off,
+    /// A constant scale; a step whose gradients overflow is still skipped.
+    Fixed(f64),
+    /// GradScaler-style dynamic scaling.
+    Dynamic {
+        init_scale: f64,
+        growth_factor: f64,
+        backoff_factor: f64,
+        growth_interval: usize,
+    },
+}
+
+impl LossScaleSpec {
+    /// `off`, `fixed` or `dynamic`, for reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Fixed(_) => "fixed",
+            Self::Dynamic { .. } => "dynamic",
+        }
+    }
+}
+
+/// `[precision]`, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrecisionSpec {
+    pub mode: PrecisionMode,
+    pub batch_norm_f32: bool,
+    pub loss_scale: LossScaleSpec,
+    /// Set when the config asked for loss scaling in f32, where it is turned off.
+    pub note: Option<String>,
+}
+
+impl PrecisionSpec {
+    /// The layer policy the models receive.
+    pub fn policy(&self) -> Precision {
+        self.mode.policy(self.batch_norm_f32)
+    }
+}
+
+pub(super) fn validate(p: &RawPrecision) -> Result<PrecisionSpec, ConfigError> {
+    let mode = match p.mode {
+        ModeName::F32 => PrecisionMode::F32,
+        ModeName::F16Mixed => PrecisionMode::F16Mixed,
+        ModeName::Bf16Mixed => PrecisionMode::Bf16Mixed,
+        ModeName::F16 => PrecisionMode::F16,
+    };
+    let positive = |key: &'static str, v: f64| {
+        if v > 0.0 && v.is_finite() {
+            Ok(v)
+        } else {
+            Err(out_of_range(key, v, "must be a finite number > 0"))
+        }
+    };
+    let init_scale = positive("precision.init_scale", p.init_scale)?;
+    if !(p.growth_factor > 1.0 && p.growth_factor.is_finite()) {
+        return Err(out_of_range(
+            "precision.growth_factor",
+            p.growth_factor,
+            "must be a finite number > 1",
+        ));
+    }
+    if !(p.backoff_factor > 0.0 && p.backoff_factor < 1.0) {
+        return Err(out_of_range(
+            "precision.backoff_factor",
+            p.backoff_factor,
+            "must be in (0, 1)",
+        ));
+    }
+    if p.growth_interval == 0 {
+        return Err(out_of_range(
+            "precision.growth_interval",
+            0,
+            "must be at least 1",
+        ));
+    }
+    let dynamic = LossScaleSpec::Dynamic {
+        init_scale,
+        growth_factor: p.growth_factor,
+        backoff_factor: p.backoff_factor,
+        growth_interval: p.growth_interval,
+    };
+    let requested = match &p.loss_scale {
+        None => None,
+        Some(RawLossScale::Named(name)) if name == "dynamic" => Some(dynamic),
+        Some(RawLossScale::Named(name)) if name == "off" => Some(LossScaleSpec::Off),
+        Some(RawLossScale::Named(name)) => {
+            return Err(out_of_range(
+                "precision.loss_scale",
+                format!("{name:?}"),
+                "must be \"dynamic\", \"off\" or a number > 0",
+            ))
+        }
+        Some(RawLossScale::Fixed(v)) => Some(LossScaleSpec::Fixed(positive(
+            "precision.loss_scale",
+            *v,
+        )?)),
+    };
+    let default = match mode {
+        PrecisionMode::F16Mixed | PrecisionMode::F16 => dynamic,
+        PrecisionMode::F32 | PrecisionMode::Bf16Mixed => LossScaleSpec::Off,
+    };
+    let (loss_scale, note) = match (mode, requested) {
+        (PrecisionMode::F32, Some(r)) if r != LossScaleSpec::Off => (
+            LossScaleSpec::Off,
+            Some(format!(
+                "precision.loss_scale = {} has no effect with precision.mode = \"f32\": \
+                 f32 gradients do not underflow, so loss scaling is off",
+                match r {
+                    LossScaleSpec::Fixed(v) => v.to_string(),
+                    _ => format!("{:?}", r.name()),
+                }
+            )),
+        ),
+        (_, r) => (r.unwrap_or(default), None),
+    };
+    Ok(PrecisionSpec {
+        mode,
+        batch_norm_f32: p.batch_norm_f32,
+        loss_scale,
+        note,
+    })
+}
+
+/// The error for a half type the chosen backend cannot compute in.
+pub fn unsupported_dtype(mode: PrecisionMode, backend: &str) -> ConfigError {
+    let dtype = match mode.half() {
+        Some(burn::tensor::DType::BF16) => "bf16",
+        _ => "f16",
+    };
+    ConfigError::Value {
+        key: "precision.mode",
+        value: format!("{:?}", mode.name()),
+        allowed: format!(
+            "the {backend} backend does not support {dtype} arithmetic on this device; \
+             use \"f32\"{}",
+            if dtype == "bf16" {
+                " or \"f16-mixed\""
+            } else {
+                ""
+            }
+        ),
+    }
+}

@@ -1,0 +1,65 @@
+//! Operations over all of a model's gradients at once: scaling and the global L2 norm.
+//!
+//! `GradientsParams` is keyed by parameter id; a [`ModuleVisitor`] over the model finds the ids
+//! (and their ranks), as Burn's own gradient accumulator does.
+
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::DType;
+use burn::tensor::backend::AutodiffBackend;
+
+/// Multiplies every gradient of `model` in `grads` by `factor`.
+pub fn scale<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: GradientsParams,
+    factor: f64,
+) -> GradientsParams {
+    struct Scale {
+        grads: GradientsParams,
+        factor: f64,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Scale {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+                self.grads.register(param.id, g.mul_scalar(self.factor));
+            }
+        }
+    }
+    if factor == 1.0 {
+        return grads;
+    }
+    let mut visitor = Scale { grads, factor };
+    model.visit(&mut visitor);
+    visitor.grads
+}
+
+/// The L2 norm over all gradients, computed in f32 and read back once. It is not finite
+/// exactly when some gradient holds an inf or NaN (or its squares overflow f32, which only
+/// gradients beyond 1.8e19 can do).
+pub fn global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: &GradientsParams,
+) -> f64 {
+    struct SumSquares<'a, B: Backend> {
+        grads: &'a GradientsParams,
+        parts: Vec<Tensor<B, 1>>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for SumSquares<'_, B::InnerBackend> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
+                self.parts.push(g.cast(DType::F32).square().sum());
+            }
+        }
+    }
+    let mut visitor = SumSquares::<B::InnerBackend> {
+        grads,
+        parts: Vec::new(),
+    };
+    model.visit(&mut visitor);
+    if visitor.parts.is_empty() {
+        return 0.0;
+    }
+    let total: f64 = Tensor::cat(visitor.parts, 0).sum().into_scalar().elem();
+    total.sqrt()
+}

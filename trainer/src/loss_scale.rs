@@ -1,0 +1,173 @@
+//! Loss scaling, as PyTorch's `GradScaler` does it.
+//!
+//! f16 gradients smaller than 6e-8 flush to zero. Multiplying the loss by a large scale before
+//! backward lifts them into f16's range; the gradients are divided by it again (once per
+//! optimizer step, after the last micro-batch) before the update. Too large a scale overflows
+//! instead: then the step is skipped and the scale backs off. After `growth_interval` clean
+//! steps in a row it grows again, so it hovers just under the overflow threshold.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::LossScaleSpec;
+
+/// The scaler's state; saved in checkpoints so a resumed run keeps its scale.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ScalerState {
+    /// The current scale (1 when scaling is off).
+    pub scale: f64,
+    /// Clean steps since the scale last changed.
+    pub clean_steps: usize,
+}
+
+/// Dynamic, fixed or no loss scaling.
+#[derive(Debug, Clone)]
+pub struct LossScaler {
+    spec: LossScaleSpec,
+    state: ScalerState,
+}
+
+/// What the scaler decided about one optimizer step's gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Finite: take the step.
+    Step,
+    /// An inf or NaN: skip the step, leave weights and optimizer state untouched.
+    Skip,
+}
+
+impl LossScaler {
+    /// A scaler at its initial scale.
+    pub fn new(spec: LossScaleSpec) -> Self {
+        let scale = match spec {
+            LossScaleSpec::Off => 1.0,
+            LossScaleSpec::Fixed(s) => s,
+            LossScaleSpec::Dynamic { init_scale, .. } => init_scale,
+        };
+        Self {
+            spec,
+            state: ScalerState {
+                scale,
+                clean_steps: 0,
+            },
+        }
+    }
+
+    /// The factor the loss is multiplied by before backward.
+    pub fn scale(&self) -> f64 {
+        self.state.scale
+    }
+
+    /// Whether the loss is scaled at all (and so whether steps are checked for overflow).
+    pub fn is_active(&self) -> bool {
+        self.spec != LossScaleSpec::Off
+    }
+
+    /// The state to checkpoint.
+    pub fn state(&self) -> ScalerState {
+        self.state
+    }
+
+    /// Continues from a checkpointed state.
+    pub fn restore(&mut self, state: ScalerState) {
+        self.state = state;
+    }
+
+    /// Judges a step from the global norm of its unscaled gradients and updates the scale.
+    pub fn update(&mut self, grad_norm: f64) -> Verdict {
+        if !self.is_active() {
+            return Verdict::Step;
+        }
+        let finite = grad_norm.is_finite();
+        if let LossScaleSpec::Dynamic {
+            growth_factor,
+            backoff_factor,
+            growth_interval,
+            ..
+        } = self.spec
+        {
+            if finite {
+                self.state.clean_steps += 1;
+                if self.state.clean_steps == growth_interval {
+                    self.state.scale *= growth_factor;
+                    self.state.clean_steps = 0;
+                }
+            } else {
+                self.state.scale *= backoff_factor;
+                self.state.clean_steps = 0;
+            }
+        }
+        if finite {
+            Verdict::Step
+        } else {
+            Verdict::Skip
+        }
+    }
+
+    /// `off`, or the kind and the current scale (`dynamic, 32768`).
+    pub fn describe(&self) -> String {
+        match self.spec {
+            LossScaleSpec::Off => "off".into(),
+            spec => format!("{}, {}", spec.name(), format_scale(self.state.scale)),
+        }
+    }
+}
+
+/// Scales are powers of two: whole ones print as integers, tiny ones in scientific notation.
+fn format_scale(s: f64) -> String {
+    if s >= 1.0 && s.fract() == 0.0 && s < 1e15 {
+        format!("{s:.0}")
+    } else {
+        format!("{s:.3e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dynamic(interval: usize) -> LossScaler {
+        LossScaler::new(LossScaleSpec::Dynamic {
+            init_scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: interval,
+        })
+    }
+
+    #[test]
+    fn overflow_halves_and_clean_steps_grow() {
+        let mut s = dynamic(3);
+        assert_eq!(s.update(f64::INFINITY), Verdict::Skip);
+        assert_eq!(s.scale(), 32768.0);
+        assert_eq!(s.update(f64::NAN), Verdict::Skip);
+        assert_eq!(s.scale(), 16384.0);
+        for _ in 0..2 {
+            assert_eq!(s.update(1.0), Verdict::Step);
+            assert_eq!(s.scale(), 16384.0);
+        }
+        s.update(1.0);
+        assert_eq!(s.scale(), 32768.0);
+        assert_eq!(s.state().clean_steps, 0);
+    }
+
+    #[test]
+    fn an_overflow_restarts_the_growth_count() {
+        let mut s = dynamic(2);
+        s.update(1.0);
+        s.update(f64::INFINITY);
+        s.update(1.0);
+        assert_eq!(s.scale(), 32768.0, "one clean step after the overflow is not enough");
+        s.update(1.0);
+        assert_eq!(s.scale(), 65536.0);
+    }
+
+    #[test]
+    fn fixed_scale_skips_but_never_moves_and_off_never_skips() {
+        let mut fixed = LossScaler::new(LossScaleSpec::Fixed(128.0));
+        assert_eq!(fixed.update(f64::INFINITY), Verdict::Skip);
+        assert_eq!(fixed.scale(), 128.0);
+        let mut off = LossScaler::new(LossScaleSpec::Off);
+        assert_eq!(off.update(f64::NAN), Verdict::Step);
+        assert_eq!((off.scale(), off.describe().as_str()), (1.0, "off"));
+    }
+}

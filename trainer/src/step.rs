@@ -1,0 +1,83 @@
+//! One optimizer step from a window's gradients: unscale once, check for overflow, clip,
+//! update at the scheduled learning rate. A skipped step leaves weights, optimizer state, the
+//! step counter and so the learning rate exactly as they were.
+
+use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::grads;
+use crate::loss_scale::{LossScaler, Verdict};
+use crate::optim::Optim;
+use crate::schedule::LrSchedule;
+
+/// What happened to one window's gradients.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Outcome {
+    /// The weights were updated at learning rate `lr`.
+    Stepped {
+        /// The learning rate used.
+        lr: f64,
+    },
+    /// An inf or NaN gradient: nothing was updated.
+    Skipped,
+}
+
+/// The optimizer together with everything that decides whether and how far it steps.
+pub struct Stepper<M: AutodiffModule<B>, B: AutodiffBackend> {
+    /// Adam or SGD and its state.
+    pub optim: Optim<M, B>,
+    /// Loss scale and overflow check.
+    pub scaler: LossScaler,
+    /// Learning rate per optimizer step.
+    pub schedule: LrSchedule,
+    /// Clip the global gradient norm to this, after unscaling.
+    pub clip_norm: Option<f64>,
+    /// Optimizer steps taken (skipped ones not counted).
+    pub step: usize,
+    /// Steps skipped for overflow.
+    pub skipped: usize,
+    /// Skips since the last step taken.
+    pub consecutive_skips: usize,
+}
+
+/// Skipped steps in a row after which the run is declared diverged: the scale has backed off
+/// by 2⁶⁴, so the overflow is not the scale's doing (NaN weights or loss).
+pub const MAX_CONSECUTIVE_SKIPS: usize = 64;
+
+impl<M: AutodiffModule<B>, B: AutodiffBackend> Stepper<M, B> {
+    /// Whether the last [`MAX_CONSECUTIVE_SKIPS`] windows all overflowed.
+    pub fn diverged(&self) -> bool {
+        self.consecutive_skips >= MAX_CONSECUTIVE_SKIPS
+    }
+
+    /// The learning rate the next step will use.
+    pub fn lr(&self) -> f64 {
+        self.schedule.lr(self.step)
+    }
+
+    /// Applies `grads` (computed with the loss multiplied by the scaler's current scale).
+    pub fn apply(&mut self, model: M, grads: GradientsParams) -> (M, Outcome) {
+        let grads = grads::scale(&model, grads, 1.0 / self.scaler.scale());
+        let checked = self.scaler.is_active() || self.clip_norm.is_some();
+        let norm = checked.then(|| grads::global_norm(&model, &grads));
+        if let Some(norm) = norm {
+            if self.scaler.update(norm) == Verdict::Skip {
+                self.skipped += 1;
+                self.consecutive_skips += 1;
+                return (model, Outcome::Skipped);
+            }
+        }
+        let grads = match (self.clip_norm, norm) {
+            (Some(max), Some(norm)) if norm > max => {
+                grads::scale(&model, grads, max / (norm + 1e-6))
+            }
+            _ => grads,
+        };
+        let lr = self.lr();
+        let model = self.optim.step(lr, model, grads);
+        self.step += 1;
+        self.consecutive_skips = 0;
+        (model, Outcome::Stepped { lr })
+    }
+}
