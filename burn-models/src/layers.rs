@@ -5,11 +5,11 @@
 //! `burn::tensor::module`. The modules themselves stay plain `burn::nn` types, so records and
 //! optimizers see ordinary f32 parameters.
 
+use burn::module::RunningState;
 use burn::nn::conv::Conv2d;
 use burn::nn::{BatchNorm, Linear, PaddingConfig2d};
 use burn::tensor::module;
 use burn::tensor::ops::ConvOptions;
-use burn::module::RunningState;
 use burn::tensor::{activation, backend::Backend, Tensor, TensorPrimitive};
 
 use crate::batch_norm::BatchNormBackend;

@@ -10,7 +10,7 @@ pub mod mobilenet;
 pub mod precision;
 pub mod simple;
 
-pub use mobilenet::{MobileNet, MobileNetConfig, MobileNetError};
 pub use batch_norm::BatchNormBackend;
+pub use mobilenet::{MobileNet, MobileNetConfig, MobileNetError};
 pub use precision::{cast_params, dtype_name, Precision, PrecisionMode};
 pub use simple::{SimpleModel, SimpleModelConfig};

@@ -214,16 +214,24 @@ impl<B: Backend> MobileNet<B> {
 }
 
 impl<B: BatchNormBackend> MobileNet<B> {
+    /// The last block's feature maps, in the policy's compute dtype.
+    ///
+    /// # Shapes
+    /// `[batch, 3, size, size]` → `[batch, 1024α, size/(16s), size/(16s)]`
+    pub fn features(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
+        let mut x = self.stem.forward(images, p); // [B, 32α, size/s, size/s]
+        for block in &self.blocks {
+            x = block.forward(x, p);
+        }
+        x
+    }
+
     /// Logits for a batch of images.
     ///
     /// # Shapes
     /// `[batch, 3, size, size]` → `[batch, num_classes]`
     pub fn forward(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 2> {
-        let mut x = self.stem.forward(images, p); // [B, 32α, size/s, size/s]
-        for block in &self.blocks {
-            x = block.forward(x, p);
-        }
-        let x = layers::global_avg_pool(x); // [B, 1024α]
+        let x = layers::global_avg_pool(self.features(images, p)); // [B, 1024α]
         let x = layers::linear(p, &self.fc, x); // [B, classes]
         p.output(x)
     }

@@ -83,6 +83,11 @@ impl PrecisionMode {
         }
     }
 
+    /// Whether f32 master weights are kept (every mode but pure f16).
+    pub fn master_weights(self) -> bool {
+        self != Self::F16
+    }
+
     /// dtype the parameters (and so gradients and optimizer state) are stored in.
     pub fn parameter_dtype(self) -> DType {
         match self {

@@ -49,15 +49,23 @@ impl<B: Backend> SimpleModel<B> {
         self.num_params()
     }
 
+    /// The pooled feature maps the classifier reads, in the policy's compute dtype: under
+    /// mixed precision these (and every activation before them) are half precision.
+    ///
+    /// # Shapes
+    /// `[batch, 3, 32, 32]` → `[batch, 64, 16, 16]`
+    pub fn features(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
+        let x = layers::conv2d(p, &self.conv, images); // [B, 64, 32, 32]
+        let x = layers::relu(x);
+        layers::max_pool2d(x, 2) // [B, 64, 16, 16]
+    }
+
     /// Logits for a batch of images.
     ///
     /// # Shapes
     /// `[batch, 3, 32, 32]` → `[batch, num_classes]`
     pub fn forward(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 2> {
-        let x = layers::conv2d(p, &self.conv, images); // [B, 64, 32, 32]
-        let x = layers::relu(x);
-        let x = layers::max_pool2d(x, 2); // [B, 64, 16, 16]
-        let x = x.flatten(1, 3); // [B, 16384]
+        let x = self.features(images, p).flatten(1, 3); // [B, 16384]
         let x = layers::linear(p, &self.fc, x); // [B, classes]
         p.output(x)
     }

@@ -18,6 +18,7 @@ fn max_rel_err<const D: usize>(a: Tensor<Flex, D>, b: Tensor<Flex, D>) -> f32 {
 /// A batch norm whose γ and β are not 1 and 0, so their gradients are exercised.
 fn layer() -> BatchNorm<B> {
     let device = Default::default();
+    <B as burn::tensor::backend::Backend>::seed(&device, 7);
     let mut bn = BatchNormConfig::new(6).init::<B>(&device);
     let gamma = Tensor::<B, 1>::random([6], Distribution::Uniform(0.5, 1.5), &device);
     let beta = Tensor::<B, 1>::random([6], Distribution::Uniform(-0.5, 0.5), &device);
@@ -27,7 +28,11 @@ fn layer() -> BatchNorm<B> {
 }
 
 fn input() -> Tensor<B, 4> {
-    let x = Tensor::<B, 4>::random([4, 6, 5, 5], Distribution::Normal(2.0, 3.0), &Default::default());
+    let x = Tensor::<B, 4>::random(
+        [4, 6, 5, 5],
+        Distribution::Normal(2.0, 3.0),
+        &Default::default(),
+    );
     x.require_grad()
 }
 
@@ -53,7 +58,9 @@ fn f32_op_matches_burns_batch_norm() {
     for param in [&bn.gamma, &bn.beta] {
         let a = param.val().grad(&g_ours).unwrap();
         let b = param.val().grad(&g_ref).unwrap();
-        assert!(max_rel_err(a, b) < 1e-5);
+        // Sums over 100 elements in a different order: a few f32 ulps apart.
+        let err = max_rel_err(a, b);
+        assert!(err < 1e-4, "parameter gradient relative error {err}");
     }
 }
 
@@ -87,10 +94,11 @@ fn f16_input_keeps_dtypes_and_matches_f32() {
     let x16 = Tensor::<B, 4>::from_inner(x.clone().inner().cast(DType::F16)).require_grad();
     let y16 = layers::batch_norm(&policy, &bn, x16.clone());
     assert_eq!(y16.dtype(), DType::F16);
-    let g16 = y16.clone().cast(DType::F32).sum().backward();
+    let w = Tensor::<B, 4>::random([4, 6, 5, 5], Distribution::Default, &Default::default());
+    let g16 = (y16.clone().cast(DType::F32) * w.clone()).sum().backward();
 
     let y32 = layers::batch_norm(&Precision::F32, &bn, x.clone());
-    let g32 = y32.clone().sum().backward();
+    let g32 = (y32.clone() * w).sum().backward();
 
     assert!(max_rel_err(y16.inner(), y32.inner()) < 2e-3);
     let dgamma16 = bn.gamma.val().grad(&g16).unwrap();
@@ -98,5 +106,15 @@ fn f16_input_keeps_dtypes_and_matches_f32() {
     assert_eq!(x16.grad(&g16).unwrap().dtype(), DType::F16);
     let dbeta16 = bn.beta.val().grad(&g16).unwrap();
     let dbeta32 = bn.beta.val().grad(&g32).unwrap();
-    assert!(max_rel_err(dbeta16, dbeta32) < 1e-6);
+    let dgamma32 = bn.gamma.val().grad(&g32).unwrap();
+    let (dx16, dx32) = (x16.grad(&g16).unwrap(), x.grad(&g32).unwrap());
+    // dy arrives in f16 (2⁻¹¹ relative rounding), and x was rounded to f16 on the way in.
+    for (what, err) in [
+        ("dβ", max_rel_err(dbeta16, dbeta32)),
+        ("dγ", max_rel_err(dgamma16, dgamma32)),
+        ("dx", max_rel_err(dx16, dx32)),
+    ] {
+        println!("{what}: {err:.2e}");
+        assert!(err < 5e-3, "{what}: relative error {err}");
+    }
 }

@@ -6,8 +6,8 @@
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::DType;
 
 /// Multiplies every gradient of `model` in `grads` by `factor`.
 pub fn scale<B: AutodiffBackend, M: AutodiffModule<B>>(

@@ -17,3 +17,4 @@ pub mod schedule;
 pub mod step;
 pub mod summary;
 pub mod train;
+pub mod updates;

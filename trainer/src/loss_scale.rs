@@ -156,7 +156,11 @@ mod tests {
         s.update(1.0);
         s.update(f64::INFINITY);
         s.update(1.0);
-        assert_eq!(s.scale(), 32768.0, "one clean step after the overflow is not enough");
+        assert_eq!(
+            s.scale(),
+            32768.0,
+            "one clean step after the overflow is not enough"
+        );
         s.update(1.0);
         assert_eq!(s.scale(), 65536.0);
     }

@@ -9,8 +9,9 @@ use trainer::config::{self, ConfigError};
 use trainer::data::DataError;
 use trainer::train::train;
 
-/// The config `trainer` runs without `--config`: SimpleModel on the built-in synthetic data.
-const DEFAULT_CONFIG: &str = include_str!("../../configs/f32.toml");
+/// The config `trainer` runs without `--config`: SimpleModel, f16 mixed precision, on the
+/// built-in synthetic data.
+const DEFAULT_CONFIG: &str = include_str!("../../configs/amp.toml");
 
 fn main() -> ExitCode {
     trainer::malloc::tune_for_training();
@@ -30,7 +31,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let overrides = cli.all_overrides();
     let settings = match &cli.config {
         Some(path) => config::load(path, &overrides)?,
-        None => config::load_str(DEFAULT_CONFIG, "embedded/f32.toml".as_ref(), &overrides)?,
+        None => config::load_str(DEFAULT_CONFIG, "embedded/amp.toml".as_ref(), &overrides)?,
     };
     if let Some(note) = &settings.precision.note {
         eprintln!("note: {note}");

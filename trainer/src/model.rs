@@ -37,10 +37,17 @@ impl<B: Backend> Classifier<B> {
             Self::MobileNet(m) => m.trainable_params(),
         }
     }
-
 }
 
 impl<B: BatchNormBackend> Classifier<B> {
+    /// The feature maps before the classifier head, in the policy's compute dtype.
+    pub fn features(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
+        match self {
+            Self::Simple(m) => m.features(images, p),
+            Self::MobileNet(m) => m.features(images, p),
+        }
+    }
+
     /// Logits, `[batch, classes]`, in the policy's output dtype.
     pub fn forward(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 2> {
         match self {

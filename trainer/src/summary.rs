@@ -19,6 +19,8 @@ pub struct Summary {
     pub loss_scale: String,
     /// Optimizer steps skipped because a gradient overflowed.
     pub skipped_steps: usize,
+    /// Pure f16 only: mean fraction of weights a step left unchanged (updates rounded away).
+    pub updates_lost: Option<f64>,
     pub optimizer: String,
     /// Micro-batch size (one forward/backward).
     pub batch_size: usize,
@@ -49,10 +51,19 @@ impl Summary {
             ("precision", self.precision.clone()),
             (
                 "batch norm",
-                self.batch_norm.clone().unwrap_or_else(|| "none in model".into()),
+                self.batch_norm
+                    .clone()
+                    .unwrap_or_else(|| "none in model".into()),
             ),
             ("loss scale", self.loss_scale.clone()),
             ("skipped steps", self.skipped_steps.to_string()),
+            (
+                "updates lost",
+                self.updates_lost
+                    .map_or("n/a (f32 master weights)".into(), |f| {
+                        format!("{:.1}% of weights unchanged per step", 100.0 * f)
+                    }),
+            ),
             ("optimizer", self.optimizer.clone()),
             (
                 "batch",

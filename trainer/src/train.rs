@@ -32,6 +32,7 @@ use crate::progress::Progress;
 use crate::schedule::LrSchedule;
 use crate::step::{Outcome, Stepper, MAX_CONSECUTIVE_SKIPS};
 use crate::summary::Summary;
+use crate::updates::Before;
 
 /// How many of the last step losses the summary's "final train loss" averages.
 const LOSS_WINDOW: usize = 20;
@@ -111,6 +112,9 @@ where
     let mut losses: Vec<f64> = Vec::new();
     let (mut train_seconds, mut images_seen) = (0.0, 0usize);
     let mut eval: Option<EvalResult> = None;
+    // Pure f16 has no master weights; how many updates round away is what it teaches.
+    let track_updates = !p.mode.master_weights();
+    let mut unchanged: Vec<f64> = Vec::new();
     let done = |s: &Stepper<_, _>, epoch: usize| match t.max_steps {
         Some(max) => s.step >= max,
         None => epoch >= t.epochs,
@@ -132,8 +136,12 @@ where
                 stepper.scaler.scale(),
                 |idx| batcher.batch::<B>(&splits.train, idx, &device),
             );
+            let before = track_updates.then(|| Before::<B>::of(&model));
             let outcome;
             (model, outcome) = stepper.apply(model, w.grads);
+            if let (Some(before), Outcome::Stepped { .. }) = (before, outcome) {
+                unchanged.push(before.unchanged_fraction(&model));
+            }
             train_seconds += tick.elapsed().as_secs_f64();
             images_seen += window.len();
             state.window += 1;
@@ -206,6 +214,8 @@ where
             .then(|| dtype_name(policy.batch_norm).to_string()),
         loss_scale: stepper.scaler.describe(),
         skipped_steps: stepper.skipped,
+        updates_lost: track_updates
+            .then(|| unchanged.iter().sum::<f64>() / unchanged.len().max(1) as f64),
         optimizer: state.optimizer.clone(),
         batch_size: t.batch_size,
         accum_steps: t.accum_steps,

@@ -2,9 +2,10 @@
 
 use std::path::Path;
 
+use burn_models::PrecisionMode;
 use clap::CommandFactory;
 use trainer::cli::Cli;
-use trainer::config::{load_str, ModelSpec};
+use trainer::config::{load_str, LossScaleSpec, ModelSpec};
 
 fn error(text: &str, overrides: &[&str]) -> String {
     let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
@@ -55,11 +56,13 @@ fn unknown_keys_name_the_key_and_the_allowed_ones() {
     assert_eq!(
         error("[train]\nbatchsize = 3\n", &[]),
         "train.batchsize: unknown field `batchsize`, expected one of `batch_size`, `epochs`, \
-         `max_steps`, `optimizer`, `lr`, `momentum`, `weight_decay`, `seed`, `output_dir`"
+         `max_steps`, `optimizer`, `lr`, `momentum`, `weight_decay`, `seed`, `output_dir`, \
+         `accum_steps`, `lr_schedule`, `warmup_steps`, `min_lr`, `grad_clip_norm`"
     );
     assert_eq!(
         error("[optimiser]\n", &[]),
-        "optimiser: unknown field `optimiser`, expected one of `model`, `data`, `train`, `backend`"
+        "optimiser: unknown field `optimiser`, expected one of `model`, `data`, `train`, `precision`, \
+         `backend`"
     );
 }
 
@@ -169,4 +172,123 @@ fn every_shipped_config_loads() {
         }
     }
     assert!(seen >= 2, "found only {seen} configs in {}", dir.display());
+}
+
+fn settings(text: &str, overrides: &[&str]) -> trainer::config::Settings {
+    let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    load_str(text, Path::new("test.toml"), &overrides).unwrap()
+}
+
+#[test]
+fn loss_scaling_defaults_follow_the_mode() {
+    let dynamic = LossScaleSpec::Dynamic {
+        init_scale: 65536.0,
+        growth_factor: 2.0,
+        backoff_factor: 0.5,
+        growth_interval: 2000,
+    };
+    for (mode, expected) in [
+        ("f32", LossScaleSpec::Off),
+        ("f16-mixed", dynamic),
+        ("bf16-mixed", LossScaleSpec::Off),
+        ("f16", dynamic),
+    ] {
+        let s = settings("", &[&format!("precision.mode={mode}")]);
+        assert_eq!(s.precision.mode, PrecisionMode::from_name(mode).unwrap());
+        assert_eq!(s.precision.loss_scale, expected, "{mode}");
+        assert!(s.precision.batch_norm_f32, "batch norm defaults to f32");
+    }
+    let fixed = settings(
+        "[precision]\nmode = \"f16-mixed\"\nloss_scale = 1024\n",
+        &[],
+    );
+    assert_eq!(fixed.precision.loss_scale, LossScaleSpec::Fixed(1024.0));
+    let off = settings(
+        "",
+        &["precision.mode=f16-mixed", "precision.loss_scale=off"],
+    );
+    assert_eq!(off.precision.loss_scale, LossScaleSpec::Off);
+}
+
+#[test]
+fn loss_scale_with_f32_is_accepted_but_off_with_a_note() {
+    let s = settings("[precision]\nloss_scale = \"dynamic\"\n", &[]);
+    assert_eq!(s.precision.loss_scale, LossScaleSpec::Off);
+    assert_eq!(
+        s.precision.note.as_deref(),
+        Some(
+            "precision.loss_scale = \"dynamic\" has no effect with precision.mode = \"f32\": \
+             f32 gradients do not underflow, so loss scaling is off"
+        )
+    );
+}
+
+#[test]
+fn bad_precision_and_accumulation_values_say_what_is_allowed() {
+    let cases = [
+        (
+            "precision.mode=fp8",
+            "precision.mode: unknown variant `fp8`, expected one of `f32`, `f16-mixed`, \
+             `bf16-mixed`, `f16`",
+        ),
+        (
+            "precision.loss_scale=-8",
+            "precision.loss_scale = -8: must be a finite number > 0",
+        ),
+        (
+            "precision.loss_scale=auto",
+            "precision.loss_scale = \"auto\": must be \"dynamic\", \"off\" or a number > 0",
+        ),
+        (
+            "precision.backoff_factor=2",
+            "precision.backoff_factor = 2: must be in (0, 1)",
+        ),
+        (
+            "precision.growth_factor=1",
+            "precision.growth_factor = 1: must be a finite number > 1",
+        ),
+        (
+            "precision.growth_interval=0",
+            "precision.growth_interval = 0: must be at least 1",
+        ),
+        (
+            "train.accum_steps=0",
+            "train.accum_steps = 0: must be at least 1 (1 = no accumulation)",
+        ),
+        (
+            "train.grad_clip_norm=0",
+            "train.grad_clip_norm = 0: must be a finite number > 0 (or left out)",
+        ),
+        (
+            "train.lr_schedule=linear",
+            "train.lr_schedule: unknown variant `linear`, expected `constant` or `warmup-cosine`",
+        ),
+        (
+            "train.warmup_steps=10",
+            "train.warmup_steps: applies only to train.lr_schedule = \"warmup-cosine\"",
+        ),
+        (
+            "train.min_lr=1",
+            "train.min_lr = 1: must be in [0, train.lr]",
+        ),
+    ];
+    for (set, expected) in cases {
+        assert_eq!(error("", &[set]), expected, "--set {set}");
+    }
+}
+
+#[test]
+fn bf16_on_a_backend_without_it_names_the_backend() {
+    let e = trainer::config::unsupported_dtype(PrecisionMode::Bf16Mixed, "cuda:0");
+    assert_eq!(
+        e.to_string(),
+        "precision.mode = \"bf16-mixed\": the cuda:0 backend does not support bf16 arithmetic \
+         on this device; use \"f32\" or \"f16-mixed\""
+    );
+}
+
+#[test]
+fn effective_batch_is_micro_batch_times_accumulation() {
+    let s = settings("", &["train.batch_size=32", "train.accum_steps=4"]);
+    assert_eq!(s.train.effective_batch(), 128);
 }

@@ -4,6 +4,8 @@
 mod common;
 /// Bad configs, flags and data: exact messages and exit codes.
 mod errors;
+/// Mixed precision, loss scaling and accumulation through the binary.
+mod precision;
 /// Checkpoints and `--resume`.
 mod resume;
 /// Training runs: both models learn, runs are reproducible, backends are chosen right.

@@ -126,7 +126,8 @@ fn without_config_the_embedded_default_runs() {
             "data.eval_size=16",
         ],
     );
-    assert_eq!(s["config"], "embedded/f32.toml");
+    assert_eq!(s["config"], "embedded/amp.toml");
+    assert_eq!(s["precision"], "f16-mixed");
 }
 
 #[test]

@@ -102,10 +102,9 @@ pub(super) fn validate(p: &RawPrecision) -> Result<PrecisionSpec, ConfigError> {
                 "must be \"dynamic\", \"off\" or a number > 0",
             ))
         }
-        Some(RawLossScale::Fixed(v)) => Some(LossScaleSpec::Fixed(positive(
-            "precision.loss_scale",
-            *v,
-        )?)),
+        Some(RawLossScale::Fixed(v)) => {
+            Some(LossScaleSpec::Fixed(positive("precision.loss_scale", *v)?))
+        }
     };
     let default = match mode {
         PrecisionMode::F16Mixed | PrecisionMode::F16 => dynamic,

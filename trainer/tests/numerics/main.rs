@@ -1,0 +1,7 @@
+//! Numerics of the training step on the CPU backend: mixed precision against f32, gradient
+//! accumulation against one large batch, and the loss scaler's skip/backoff/growth.
+
+mod accumulate;
+mod common;
+mod loss_scale;
+mod precision;
