@@ -12,6 +12,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn_models::{BatchNormBackend, Precision};
 
+use crate::memory::{MemoryProbe, Phase};
 use crate::model::Classifier;
 
 /// Samples per optimizer step, and how they split into micro-batches.
@@ -50,13 +51,15 @@ pub struct WindowGrads {
 
 /// Runs forward and backward over `window` in micro-batches of `batch_size` and sums the
 /// gradients, each micro-batch's loss weighted by its share of the window and multiplied by
-/// `loss_scale`. `load` turns sample indices into a batch.
+/// `loss_scale`. `load` turns sample indices into a batch; `probe` is sampled after each
+/// forward and backward.
 pub fn window_gradients<B>(
     model: &Classifier<B>,
     window: &[usize],
     batch_size: usize,
     policy: &Precision,
     loss_scale: f64,
+    probe: &mut dyn MemoryProbe,
     mut load: impl FnMut(&[usize]) -> (Tensor<B, 4>, Tensor<B, 1, Int>),
 ) -> WindowGrads
 where
@@ -70,9 +73,11 @@ where
         let loss_fn = CrossEntropyLossConfig::new().init(&images.device());
         let logits = model.forward(images, policy);
         let loss = loss_fn.forward(logits, labels);
+        probe.sample(Phase::AfterForward);
         let share = micro.len() as f64 / total;
         let grads = loss.clone().mul_scalar(share * loss_scale).backward();
         accumulator.accumulate(model, GradientsParams::from_grads(grads, model));
+        probe.sample(Phase::AfterBackward);
         loss_sum += share * loss.into_scalar().elem::<f64>();
     }
     WindowGrads {

@@ -10,6 +10,7 @@ pub mod eval;
 pub mod grads;
 pub mod loss_scale;
 pub mod malloc;
+pub mod memory;
 pub mod model;
 pub mod optim;
 pub mod progress;

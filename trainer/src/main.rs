@@ -7,7 +7,13 @@ use trainer::backend::{self, CpuBackend, CudaBackend, Selected};
 use trainer::cli::Cli;
 use trainer::config::{self, ConfigError};
 use trainer::data::DataError;
+use trainer::memory::cuda::CudaProbe;
+use trainer::memory::heap::{CountingAllocator, HeapProbe};
 use trainer::train::train;
+
+/// Counts heap bytes so the CPU backend's memory peaks are exact.
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 /// The config `trainer` runs without `--config`: SimpleModel, f16 mixed precision, on the
 /// built-in synthetic data.
@@ -40,10 +46,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let resume = cli.resume.as_deref();
     let summary = match &selected {
         Selected::Cpu => {
-            train::<CpuBackend>(&settings, Default::default(), &selected.name(), resume)?
+            let mut probe = HeapProbe::default();
+            let device = Default::default();
+            train::<CpuBackend>(&settings, device, &selected.name(), resume, &mut probe)?
         }
         Selected::Cuda(device) => {
-            train::<CudaBackend>(&settings, device.clone(), &selected.name(), resume)?
+            let mut probe = CudaProbe::new(device.clone());
+            let name = selected.name();
+            train::<CudaBackend>(&settings, device.clone(), &name, resume, &mut probe)?
         }
     };
     print!("{}", summary.table());

@@ -5,6 +5,8 @@ use std::path::Path;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
+use crate::memory::{human, MemoryReport};
+
 /// What a training run did. `--summary-json` writes exactly these fields.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Summary {
@@ -38,6 +40,9 @@ pub struct Summary {
     pub eval_accuracy: f64,
     pub wall_seconds: f64,
     pub checkpoint: String,
+    /// Memory over the training steps (evaluation excluded).
+    #[serde(flatten)]
+    pub memory: MemoryReport,
 }
 
 impl Summary {
@@ -87,6 +92,18 @@ impl Summary {
             ),
             ("wall time", format!("{:.1} s", self.wall_seconds)),
             ("checkpoint", self.checkpoint.clone()),
+            ("memory probe", self.memory.memory_probe.clone()),
+            ("peak in use", bytes(self.memory.peak_bytes)),
+            ("peak reserved", bytes(self.memory.reserved_peak_bytes)),
+            (
+                "live after fwd/bwd/step",
+                format!(
+                    "{} / {} / {}",
+                    bytes(self.memory.live_after_forward_bytes),
+                    bytes(self.memory.live_after_backward_bytes),
+                    bytes(self.memory.live_after_step_bytes)
+                ),
+            ),
         ];
         let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         let mut out = String::from("summary\n");
@@ -101,6 +118,11 @@ impl Summary {
         let json = serde_json::to_string_pretty(self)?;
         std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))
     }
+}
+
+/// Bytes in binary units, or `n/a` where the probe cannot measure it.
+fn bytes(b: Option<u64>) -> String {
+    b.map_or_else(|| "n/a".into(), human)
 }
 
 /// 165642 → "165,642".

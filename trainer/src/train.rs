@@ -26,6 +26,7 @@ use crate::config::{unsupported_dtype, Settings};
 use crate::data::{self, shuffled, Batcher};
 use crate::eval::{evaluate, EvalResult};
 use crate::loss_scale::LossScaler;
+use crate::memory::{MemoryProbe, Phase};
 use crate::model::Classifier;
 use crate::optim::Optim;
 use crate::progress::Progress;
@@ -37,12 +38,14 @@ use crate::updates::Before;
 /// How many of the last step losses the summary's "final train loss" averages.
 const LOSS_WINDOW: usize = 20;
 
-/// Trains the model `settings` describes on `device`; `resume` continues from a checkpoint.
+/// Trains the model `settings` describes on `device`; `resume` continues from a checkpoint;
+/// `probe` measures memory over the training steps.
 pub fn train<B>(
     settings: &Settings,
     device: B::Device,
     backend: &str,
     resume: Option<&Path>,
+    probe: &mut dyn MemoryProbe,
 ) -> anyhow::Result<Summary>
 where
     B: AutodiffBackend + BatchNormBackend,
@@ -128,17 +131,20 @@ where
                 break;
             }
             let tick = Instant::now();
+            probe.sample(Phase::WindowStart);
             let w = window_gradients(
                 &model,
                 window,
                 t.batch_size,
                 &policy,
                 stepper.scaler.scale(),
+                probe,
                 |idx| batcher.batch::<B>(&splits.train, idx, &device),
             );
             let before = track_updates.then(|| Before::<B>::of(&model));
             let outcome;
             (model, outcome) = stepper.apply(model, w.grads);
+            probe.sample(Phase::AfterStep);
             if let (Some(before), Outcome::Stepped { .. }) = (before, outcome) {
                 unchanged.push(before.unchanged_fraction(&model));
             }
@@ -230,6 +236,7 @@ where
         eval_accuracy: eval.accuracy,
         wall_seconds: started.elapsed().as_secs_f64(),
         checkpoint: checkpoint_dir.display().to_string(),
+        memory: probe.report(),
     })
 }
 

@@ -12,6 +12,7 @@ use trainer::accumulate::window_gradients;
 use trainer::config::{load_str, Settings};
 use trainer::data::{generate, Batcher, ImageSet};
 use trainer::loss_scale::LossScaler;
+use trainer::memory::NullProbe;
 use trainer::model::Classifier;
 use trainer::optim::Optim;
 use trainer::schedule::LrSchedule;
@@ -56,7 +57,7 @@ pub fn scaled_grads(
     scale: f64,
 ) -> GradientsParams {
     let (set, batcher) = data();
-    window_gradients(model, window, batch, policy, scale, |idx| {
+    window_gradients(model, window, batch, policy, scale, &mut NullProbe, |idx| {
         batcher.batch::<B>(&set, idx, &Default::default())
     })
     .grads
@@ -84,14 +85,22 @@ pub fn grads_and_loss(
     round_input: Option<DType>,
 ) -> (GradientsParams, f64) {
     let (set, batcher) = data();
-    let w = window_gradients(model, window, window.len(), policy, scale, |idx| {
-        let (x, y) = batcher.batch::<B>(&set, idx, &Default::default());
-        let x = match round_input {
-            Some(dtype) => x.cast(dtype).cast(DType::F32),
-            None => x,
-        };
-        (x, y)
-    });
+    let w = window_gradients(
+        model,
+        window,
+        window.len(),
+        policy,
+        scale,
+        &mut NullProbe,
+        |idx| {
+            let (x, y) = batcher.batch::<B>(&set, idx, &Default::default());
+            let x = match round_input {
+                Some(dtype) => x.cast(dtype).cast(DType::F32),
+                None => x,
+            };
+            (x, y)
+        },
+    );
     (trainer::grads::scale(model, w.grads, 1.0 / scale), w.loss)
 }
 

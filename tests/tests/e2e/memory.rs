@@ -1,0 +1,85 @@
+//! Memory on the CPU, measured by the binary's counting allocator: the ratios the fixes promise.
+//! Every run is MobileNet's CIFAR preset (α = 1, 32×32, stem stride 1) for two optimizer steps,
+//! so the peak includes Adam's state; memory, not time, is asserted.
+
+use super::common::train;
+
+/// Peak heap bytes of a MobileNet run with these extra `--set`s.
+fn peak(name: &str, sets: &[&str]) -> f64 {
+    let mut args = vec![
+        "--config",
+        "configs/mobilenet.toml",
+        "--backend",
+        "cpu",
+        "--max-steps",
+        "2",
+    ];
+    for set in [
+        "model.width_multiplier=1.0",
+        "data.train_size=256",
+        "data.eval_size=16",
+    ]
+    .iter()
+    .chain(sets)
+    {
+        args.extend(["--set", set]);
+    }
+    let (_, s) = train(name, &args);
+    assert_eq!(s["memory_probe"], "heap", "{s}");
+    let peak = s["peak_bytes"].as_f64().unwrap();
+    println!("{name}: peak {:.1} MiB", peak / (1 << 20) as f64);
+    peak
+}
+
+#[test]
+fn mixed_precision_and_accumulation_cut_the_peak_and_bn_in_f32_is_nearly_free() {
+    let f32 = peak("mem-f32", &["train.batch_size=128"]);
+    let f16 = peak(
+        "mem-f16",
+        &["train.batch_size=128", "precision.mode=f16-mixed"],
+    );
+    let bn16 = peak(
+        "mem-bn16",
+        &[
+            "train.batch_size=128",
+            "precision.mode=f16-mixed",
+            "precision.batch_norm_f32=false",
+        ],
+    );
+    let accum = peak("mem-accum", &["train.batch_size=32", "train.accum_steps=4"]);
+    assert!(f16 <= 0.6 * f32, "f16-mixed {f16} vs f32 {f32}");
+    assert!(accum <= 0.4 * f32, "32 × 4 {accum} vs 128 {f32}");
+    assert!(f16 < 1.10 * bn16, "BN in f32 {f16} vs BN in f16 {bn16}");
+}
+
+#[test]
+fn the_summary_reports_peaks_and_phases() {
+    let (stdout, s) = train(
+        "mem-simple",
+        &[
+            "--config",
+            "configs/f32.toml",
+            "--backend",
+            "cpu",
+            "--max-steps",
+            "2",
+            "--set",
+            "data.eval_size=16",
+        ],
+    );
+    let get = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k} missing: {s}"));
+    let (peak, fwd, bwd, step) = (
+        get("peak_bytes"),
+        get("live_after_forward_bytes"),
+        get("live_after_backward_bytes"),
+        get("live_after_step_bytes"),
+    );
+    assert!(peak >= fwd && fwd > bwd, "{s}");
+    assert!(step > 0);
+    assert_eq!(
+        s["reserved_peak_bytes"],
+        serde_json::Value::Null,
+        "no reserve on the heap"
+    );
+    assert!(stdout.contains("peak in use"), "{stdout}");
+}

@@ -1,0 +1,99 @@
+//! Memory measurement: one [`MemoryProbe`] per backend, sampled at the phase boundaries of every
+//! micro-batch (after forward, after backward) and optimizer step.
+//!
+//! CubeCL reports current usage only and Burn keeps no peak, so probes keep their own maxima.
+//! On the CPU, [`heap::CountingAllocator`] (installed by the `trainer` binary) sees every
+//! allocation, so its peak is exact, not sampled.
+
+pub mod cuda;
+pub mod heap;
+
+use serde::{Deserialize, Serialize};
+
+/// Where in a training step a sample is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// A window (optimizer step) begins: peaks restart here, so evaluation is not counted.
+    WindowStart,
+    /// After a micro-batch's forward pass: the saved activations are all alive.
+    AfterForward,
+    /// After its backward pass: activations freed, gradients alive.
+    AfterBackward,
+    /// After the optimizer step (or the skip).
+    AfterStep,
+}
+
+/// What a probe measured over a run, in bytes. `--summary-json` carries these keys.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryReport {
+    /// `heap` (CPU counting allocator), `cuda` (CubeCL memory usage) or `none`.
+    pub memory_probe: String,
+    /// Peak bytes in use during training steps: exact on the heap, sampled at phase
+    /// boundaries on CUDA.
+    pub peak_bytes: Option<u64>,
+    /// Peak bytes the allocator held from the device (CUDA: CubeCL's reserved pools).
+    pub reserved_peak_bytes: Option<u64>,
+    /// Largest live bytes seen right after a forward pass.
+    pub live_after_forward_bytes: Option<u64>,
+    /// Largest live bytes seen right after a backward pass.
+    pub live_after_backward_bytes: Option<u64>,
+    /// Largest live bytes seen right after an optimizer step.
+    pub live_after_step_bytes: Option<u64>,
+}
+
+/// A source of memory figures for one device.
+pub trait MemoryProbe {
+    /// Records the state at `phase` (a CUDA probe syncs the device first).
+    fn sample(&mut self, phase: Phase);
+    /// Everything measured so far.
+    fn report(&self) -> MemoryReport;
+}
+
+/// Per-phase maxima, shared by the probes.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PhaseMax {
+    pub forward: u64,
+    pub backward: u64,
+    pub step: u64,
+}
+
+impl PhaseMax {
+    pub(crate) fn record(&mut self, phase: Phase, live: u64) {
+        let slot = match phase {
+            Phase::AfterForward => &mut self.forward,
+            Phase::AfterBackward => &mut self.backward,
+            Phase::AfterStep => &mut self.step,
+            Phase::WindowStart => return,
+        };
+        *slot = (*slot).max(live);
+    }
+}
+
+/// A probe that measures nothing (library tests, or a heap probe whose allocator is absent).
+#[derive(Debug, Default)]
+pub struct NullProbe;
+
+impl MemoryProbe for NullProbe {
+    fn sample(&mut self, _: Phase) {}
+    fn report(&self) -> MemoryReport {
+        MemoryReport {
+            memory_probe: "none".into(),
+            ..Default::default()
+        }
+    }
+}
+
+/// `1.5 GiB`, `12.0 MiB`, `512 B`.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
