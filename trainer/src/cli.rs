@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{Args, Parser, Subcommand};
 
 use crate::config::BackendKind;
 
@@ -11,9 +11,12 @@ use crate::config::BackendKind;
 #[command(
     name = "trainer",
     version,
+    args_conflicts_with_subcommands = true,
     after_help = "Examples:
-  trainer                                        # embedded default: SimpleModel on synthetic data
+  trainer                                        # embedded default: configs/amp.toml
   trainer --config configs/f32.toml
+  trainer --config configs/amp-accum.toml --max-steps 20
+  trainer estimate --config configs/mobilenet.toml --set model.input_size=224
   trainer --config configs/mobilenet.toml --backend cpu --max-steps 50
   trainer --config configs/f32.toml --set train.batch_size=32 --set train.lr=3e-4
   trainer --config configs/f32.toml --summary-json runs/f32.json
@@ -22,6 +25,47 @@ use crate::config::BackendKind;
 Exit codes: 0 done, 1 runtime error, 2 bad config, flag or data."
 )]
 pub struct Cli {
+    /// Something other than training.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Training flags (the default command).
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// What `trainer` can do besides training.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Predict a config's memory without training: parameters, gradients, optimizer state,
+    /// half copies and the activations saved for backward, per layer.
+    #[command(after_help = "Examples:
+  trainer estimate --config configs/amp.toml
+  trainer estimate --config configs/mobilenet.toml --set model.input_size=224 \\
+      --set model.num_classes=1000 --set model.width_multiplier=0.5
+  trainer estimate --config configs/mobilenet-amp.toml --json runs/estimate.json")]
+    Estimate(EstimateArgs),
+}
+
+/// `trainer estimate`
+#[derive(Debug, Args)]
+pub struct EstimateArgs {
+    /// TOML config file; without it, the embedded default.
+    #[arg(short, long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// Override one config key (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+
+    /// Also write the estimate as JSON to PATH.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+}
+
+/// Flags of a training run.
+#[derive(Debug, Args)]
+pub struct RunArgs {
     /// TOML config file (see configs/README.md); without it, the embedded default runs.
     #[arg(short, long, value_name = "PATH")]
     pub config: Option<PathBuf>,
@@ -47,7 +91,7 @@ pub struct Cli {
     pub resume: Option<PathBuf>,
 }
 
-impl Cli {
+impl RunArgs {
     /// The `--set` list with the convenience flags folded in, in precedence order.
     pub fn all_overrides(&self) -> Vec<String> {
         let mut all = self.overrides.clone();

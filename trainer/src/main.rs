@@ -1,11 +1,14 @@
 //! `trainer`: the binary edge. Errors become one line and an exit code.
 
+use std::path::Path;
 use std::process::ExitCode;
+
+use anyhow::Context;
 
 use clap::Parser;
 use trainer::backend::{self, CpuBackend, CudaBackend, Selected};
-use trainer::cli::Cli;
-use trainer::config::{self, ConfigError};
+use trainer::cli::{Cli, Command, EstimateArgs, RunArgs};
+use trainer::config::{self, ConfigError, Purpose, Settings};
 use trainer::data::DataError;
 use trainer::memory::cuda::CudaProbe;
 use trainer::memory::heap::{CountingAllocator, HeapProbe};
@@ -34,11 +37,44 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Some(Command::Estimate(args)) => estimate(args),
+        None => train_run(cli.run),
+    }
+}
+
+/// The config at `path` (else the embedded default) with `overrides` applied.
+fn settings(
+    path: Option<&Path>,
+    overrides: &[String],
+    purpose: Purpose,
+) -> Result<Settings, ConfigError> {
+    match path {
+        Some(path) => config::load_file_for(path, overrides, purpose),
+        None => config::load_for(
+            DEFAULT_CONFIG,
+            "embedded/amp.toml".as_ref(),
+            overrides,
+            purpose,
+        ),
+    }
+}
+
+fn estimate(args: EstimateArgs) -> anyhow::Result<()> {
+    let settings = settings(args.config.as_deref(), &args.overrides, Purpose::Estimate)?;
+    let cpu = settings.backend == config::BackendKind::Cpu;
+    let e = trainer::memory::estimate::estimate(&settings, cpu);
+    print!("{}", e.table());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&e)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn train_run(cli: RunArgs) -> anyhow::Result<()> {
     let overrides = cli.all_overrides();
-    let settings = match &cli.config {
-        Some(path) => config::load(path, &overrides)?,
-        None => config::load_str(DEFAULT_CONFIG, "embedded/amp.toml".as_ref(), &overrides)?,
-    };
+    let settings = settings(cli.config.as_deref(), &overrides, Purpose::Train)?;
     if let Some(note) = &settings.precision.note {
         eprintln!("note: {note}");
     }

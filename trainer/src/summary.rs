@@ -40,6 +40,10 @@ pub struct Summary {
     pub eval_accuracy: f64,
     pub wall_seconds: f64,
     pub checkpoint: String,
+    /// `trainer estimate`'s prediction of `peak_bytes`.
+    pub predicted_peak_bytes: u64,
+    /// measured / predicted − 1, where the probe measured a peak.
+    pub prediction_error: Option<f64>,
     /// Memory over the training steps (evaluation excluded).
     #[serde(flatten)]
     pub memory: MemoryReport,
@@ -94,6 +98,17 @@ impl Summary {
             ("checkpoint", self.checkpoint.clone()),
             ("memory probe", self.memory.memory_probe.clone()),
             ("peak in use", bytes(self.memory.peak_bytes)),
+            (
+                "predicted peak",
+                format!(
+                    "{}{}",
+                    human(self.predicted_peak_bytes),
+                    self.prediction_error.map_or(String::new(), |e| format!(
+                        " (measured is {:+.1}%)",
+                        100.0 * e
+                    ))
+                ),
+            ),
             ("peak reserved", bytes(self.memory.reserved_peak_bytes)),
             (
                 "live after fwd/bwd/step",

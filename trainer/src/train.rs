@@ -26,6 +26,7 @@ use crate::config::{unsupported_dtype, Settings};
 use crate::data::{self, shuffled, Batcher};
 use crate::eval::{evaluate, EvalResult};
 use crate::loss_scale::LossScaler;
+use crate::memory::estimate::estimate;
 use crate::memory::{MemoryProbe, Phase};
 use crate::model::Classifier;
 use crate::optim::Optim;
@@ -209,6 +210,8 @@ where
         }
     };
 
+    let memory = probe.report();
+    let predicted = estimate(settings, backend == "cpu").predicted_peak(backend == "cpu");
     Ok(Summary {
         config: settings.path.display().to_string(),
         model: settings.model.name(),
@@ -236,7 +239,11 @@ where
         eval_accuracy: eval.accuracy,
         wall_seconds: started.elapsed().as_secs_f64(),
         checkpoint: checkpoint_dir.display().to_string(),
-        memory: probe.report(),
+        predicted_peak_bytes: predicted,
+        prediction_error: memory
+            .peak_bytes
+            .map(|m| m as f64 / predicted.max(1) as f64 - 1.0),
+        memory,
     })
 }
 

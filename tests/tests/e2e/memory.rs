@@ -83,3 +83,68 @@ fn the_summary_reports_peaks_and_phases() {
     );
     assert!(stdout.contains("peak in use"), "{stdout}");
 }
+
+/// Every shipped config, two steps on a small data set: the estimate is within 25% of the
+/// heap peak the counting allocator measured. Known gap, kept visible: `bf16.toml` on the CPU
+/// backend, whose bf16 kernels make f32 copies the estimate does not yet fully model
+/// (measured ≈ 48% above the prediction); it is checked to stay under 2× until that is fixed.
+#[test]
+fn the_estimate_is_within_25_percent_of_the_measured_peak_for_every_shipped_config() {
+    let mut configs: Vec<_> = std::fs::read_dir(super::common::root().join("configs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    configs.sort();
+    assert!(configs.len() >= 8, "{configs:?}");
+    for path in configs {
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let config = format!("configs/{name}.toml");
+        let (_, s) = train(
+            &format!("est-{name}"),
+            &[
+                "--config",
+                &config,
+                "--backend",
+                "cpu",
+                "--max-steps",
+                "2",
+                "--set",
+                "data.train_size=512",
+                "--set",
+                "data.eval_size=16",
+            ],
+        );
+        let error = s["prediction_error"].as_f64().unwrap();
+        println!(
+            "{name}: measured {} predicted {} ({:+.1}%)",
+            s["peak_bytes"],
+            s["predicted_peak_bytes"],
+            100.0 * error
+        );
+        let limit = if name == "bf16" { 1.0 } else { 0.25 };
+        assert!(
+            error.abs() <= limit,
+            "{name}: measured/predicted − 1 = {error}"
+        );
+    }
+}
+
+#[test]
+fn estimate_prints_the_parameter_count_of_any_model() {
+    let out = super::common::run_ok(&[
+        "estimate",
+        "--config",
+        "configs/mobilenet.toml",
+        "--set",
+        "model.input_size=224",
+        "--set",
+        "model.num_classes=1000",
+    ]);
+    // α = 0.5 from the config; Burn's count for it is checked in trainer/tests/numerics.
+    assert!(
+        out.starts_with("memory estimate (micro-batch 64, 1331592 trainable parameters)"),
+        "{out}"
+    );
+    assert!(out.contains("block 13 pointwise"), "{out}");
+}

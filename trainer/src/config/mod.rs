@@ -122,15 +122,43 @@ pub struct Settings {
 /// Reads `path`, applies `overrides` (`key=value`, value in TOML syntax or a bare string) and
 /// validates the result.
 pub fn load(path: &Path, overrides: &[String]) -> Result<Settings, ConfigError> {
+    load_file_for(path, overrides, Purpose::Train)
+}
+
+/// Like [`load`], validated for `purpose`.
+pub fn load_file_for(
+    path: &Path,
+    overrides: &[String],
+    purpose: Purpose,
+) -> Result<Settings, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
         path: path.to_owned(),
         error,
     })?;
-    load_str(&text, path, overrides)
+    load_for(&text, path, overrides, purpose)
 }
 
 /// Like [`load`], for config text already in memory; `path` names it in messages.
 pub fn load_str(text: &str, path: &Path, overrides: &[String]) -> Result<Settings, ConfigError> {
+    load_for(text, path, overrides, Purpose::Train)
+}
+
+/// What the settings will be used for: an estimate needs no data, so any class count goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// Training: the model must fit the data sets (10 classes).
+    Train,
+    /// `trainer estimate`: only the model and the step matter.
+    Estimate,
+}
+
+/// Like [`load_str`], validated for `purpose`.
+pub fn load_for(
+    text: &str,
+    path: &Path,
+    overrides: &[String],
+    purpose: Purpose,
+) -> Result<Settings, ConfigError> {
     let mut table: toml::Table =
         text.parse()
             .map_err(|e: toml::de::Error| ConfigError::Syntax {
@@ -150,7 +178,7 @@ pub fn load_str(text: &str, path: &Path, overrides: &[String]) -> Result<Setting
                 message: strip_location(&one_line(&e.inner().to_string())),
             }
         })?;
-    validate(path, raw)
+    validate(path, raw, purpose)
 }
 
 /// toml ends value errors with " in `a.b`"; the key is already named in front.
@@ -205,7 +233,7 @@ pub(crate) fn out_of_range(key: &'static str, value: impl ToString, allowed: &st
     }
 }
 
-fn validate(path: &Path, raw: RawConfig) -> Result<Settings, ConfigError> {
+fn validate(path: &Path, raw: RawConfig, purpose: Purpose) -> Result<Settings, ConfigError> {
     let toml = toml::to_string(&raw).unwrap_or_default();
     let m = &raw.model;
     if m.num_classes == 0 {
@@ -309,7 +337,7 @@ fn validate(path: &Path, raw: RawConfig) -> Result<Settings, ConfigError> {
             }
         }
     };
-    if m.num_classes != crate::data::NUM_CLASSES {
+    if purpose == Purpose::Train && m.num_classes != crate::data::NUM_CLASSES {
         return Err(out_of_range(
             "model.num_classes",
             m.num_classes,

@@ -6,6 +6,7 @@
 //! allocation, so its peak is exact, not sampled.
 
 pub mod cuda;
+pub mod estimate;
 pub mod heap;
 
 use serde::{Deserialize, Serialize};

@@ -3,5 +3,6 @@
 
 mod accumulate;
 mod common;
+mod estimate;
 mod loss_scale;
 mod precision;

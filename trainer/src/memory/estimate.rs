@@ -1,0 +1,316 @@
+//! The analytic memory estimate: what is alive at the peak of a training step, predicted from
+//! the config alone (no tensor is allocated).
+//!
+//! At the end of a micro-batch's forward pass every activation saved for backward is alive.
+//! What Burn's autodiff saves, read from burn-autodiff 0.21's ops:
+//! conv2d and linear keep their input and weight; ReLU keeps its *input*; max-pool keeps its
+//! input and the argmax indices; adaptive average pooling keeps its input; casts keep nothing;
+//! oomlab's batch norm keeps its input and two per-channel vectors. A tensor kept by two ops
+//! (a ReLU output that is the next conv's input) is counted once.
+//!
+//! The peak is whichever is larger: the end of forward, or a point in backward, where a layer's
+//! incoming and outgoing gradients are alive beside the activations not yet freed.
+
+use serde::Serialize;
+
+use crate::config::{ModelSpec, OptimizerName, Settings};
+use crate::memory::human;
+
+/// One row of the breakdown.
+#[derive(Debug, Clone, Serialize)]
+pub struct Line {
+    /// What the bytes hold.
+    pub what: String,
+    /// Elements.
+    pub elements: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// The breakdown for one config.
+#[derive(Debug, Clone, Serialize)]
+pub struct Estimate {
+    /// Trainable parameters.
+    pub parameters: u64,
+    /// Micro-batch the activations are sized for.
+    pub micro_batch: usize,
+    /// Parameters, BN buffers, gradients, optimizer state, half weight copies: sized by the
+    /// model, independent of the batch.
+    pub model_state: Vec<Line>,
+    /// Saved for backward, one line per layer, for one micro-batch.
+    pub activations: Vec<Line>,
+    /// What backward adds on top of the saved activations at its own peak.
+    pub in_flight: Line,
+    /// The data set held in host memory (on the CPU backend, the same heap).
+    pub host_data: Line,
+    /// Device bytes at the peak: model state + saved activations + backward's in-flight bytes.
+    pub device_peak_bytes: u64,
+}
+
+impl Estimate {
+    /// The predicted peak as a probe on `backend` measures it: the CPU heap also holds the data.
+    pub fn predicted_peak(&self, cpu: bool) -> u64 {
+        self.device_peak_bytes + if cpu { self.host_data.bytes } else { 0 }
+    }
+
+    /// A table for the terminal.
+    pub fn table(&self) -> String {
+        let width = self
+            .model_state
+            .iter()
+            .chain(&self.activations)
+            .map(|l| l.what.chars().count())
+            .max()
+            .unwrap_or(0);
+        let mut out = format!(
+            "memory estimate (micro-batch {}, {} trainable parameters)\n  {:<width$}  {:>14}  {:>10}\n",
+            self.micro_batch, self.parameters, "what", "elements", "bytes"
+        );
+        let rows = self.model_state.iter().chain(&self.activations);
+        for l in rows.chain(std::iter::once(&self.in_flight)) {
+            out.push_str(&format!(
+                "  {:<width$}  {:>14}  {:>10}\n",
+                l.what,
+                l.elements,
+                human(l.bytes)
+            ));
+        }
+        let activations: u64 = self.activations.iter().map(|l| l.bytes).sum();
+        out.push_str(&format!(
+            "saved activations {}; device peak {}; host data {} (the CPU heap peak also holds it: {})\n",
+            human(activations),
+            human(self.device_peak_bytes),
+            human(self.host_data.bytes),
+            human(self.predicted_peak(true))
+        ));
+        out
+    }
+}
+
+/// Bytes per element of the layers' compute dtype and of the parameters.
+fn dtype_bytes(settings: &Settings) -> (u64, u64) {
+    let compute = if settings.precision.mode.half().is_some() {
+        2
+    } else {
+        4
+    };
+    let params = if settings.precision.mode.master_weights() {
+        4
+    } else {
+        2
+    };
+    (compute, params)
+}
+
+/// One op of the forward pass, per image: what it saves for backward (elements of the compute
+/// dtype, and of 8-byte max-pool indices), its input and output sizes, and whether it is a
+/// convolution (the CPU backend runs bf16 convolutions through f32 copies).
+struct Op {
+    group: String,
+    saves: u64,
+    indices: u64,
+    input: u64,
+    output: u64,
+    conv: bool,
+}
+
+fn op(group: &str, saves: u64, input: u64, output: u64) -> Op {
+    Op {
+        group: group.into(),
+        saves,
+        indices: 0,
+        input,
+        output,
+        conv: false,
+    }
+}
+
+/// The forward tape per image, trainable conv/linear weight elements, trainable BN elements
+/// and BN buffer elements.
+fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u64) {
+    let s = size as u64;
+    let k = classes as u64;
+    match spec {
+        ModelSpec::Simple(_) => {
+            let (c, pooled) = (64u64, (s / 2) * (s / 2));
+            let weights = 3 * c * 9 + c + c * pooled * k + k;
+            let ops = vec![
+                Op {
+                    conv: true,
+                    ..op(
+                        "conv (keeps its input, the images)",
+                        3 * s * s,
+                        3 * s * s,
+                        c * s * s,
+                    )
+                },
+                op(
+                    "ReLU (keeps its input, the conv output)",
+                    c * s * s,
+                    c * s * s,
+                    c * s * s,
+                ),
+                Op {
+                    indices: c * pooled,
+                    ..op(
+                        "max-pool (keeps its input and argmax indices)",
+                        c * s * s,
+                        c * s * s,
+                        c * pooled,
+                    )
+                },
+                op("linear (keeps its input)", c * pooled, c * pooled, k),
+            ];
+            (ops, weights, 0, 0)
+        }
+        ModelSpec::MobileNet(m) => {
+            let mut ops = Vec::new();
+            let mut side = s.div_ceil(m.stem_stride as u64);
+            let mut c_in = m.channels(burn_models::mobilenet::STEM_CHANNELS) as u64;
+            let (mut weights, mut bn) = (3 * c_in * 9, 2 * c_in);
+            // conv keeps its input, BN its input (the conv output), ReLU its input (BN's).
+            let conv_bn_relu = |ops: &mut Vec<Op>, group: &str, input: u64, out: u64| {
+                ops.push(Op {
+                    conv: true,
+                    ..op(group, input, input, out)
+                });
+                ops.push(op(group, out, out, out));
+                ops.push(op(group, out, out, out));
+            };
+            conv_bn_relu(
+                &mut ops,
+                "stem: conv, BN, ReLU inputs",
+                3 * s * s,
+                c_in * side * side,
+            );
+            for (i, &(base, stride)) in burn_models::mobilenet::BLOCKS.iter().enumerate() {
+                let c_out = m.channels(base) as u64;
+                let input = c_in * side * side;
+                side = side.div_ceil(stride as u64);
+                let dw = c_in * side * side;
+                let group = format!("block {:>2} depthwise: conv, BN, ReLU inputs", i + 1);
+                conv_bn_relu(&mut ops, &group, input, dw);
+                let group = format!("block {:>2} pointwise: conv, BN, ReLU inputs", i + 1);
+                conv_bn_relu(&mut ops, &group, dw, c_out * side * side);
+                weights += c_in * 9 + c_in * c_out;
+                bn += 2 * c_in + 2 * c_out;
+                c_in = c_out;
+            }
+            let last = c_in * side * side;
+            ops.push(op("global pool (keeps its input)", last, last, c_in));
+            ops.push(op("linear (keeps its input)", c_in, c_in, k));
+            weights += c_in * k + k;
+            (ops, weights, bn, bn)
+        }
+    }
+}
+
+/// Bytes alive at the peak of backward beyond what the end of forward holds: walking the tape
+/// backwards, each op's saved tensors are freed after it, while the gradient arriving at its
+/// output and the one it produces for its input are alive. `conv_f32` adds the f32 copies that
+/// the CPU backend's bf16 convolution backward makes (Flex converts bf16 arguments to f32).
+fn backward_excess(ops: &[Op], b: u64, compute: u64, conv_f32: bool) -> u64 {
+    let saved = |o: &Op| b * (o.saves * compute + o.indices * 8);
+    let mut alive: u64 = ops.iter().map(saved).sum();
+    let forward_end = alive;
+    let mut peak = forward_end;
+    for o in ops.iter().rev() {
+        let mut in_flight = b * (o.output + o.input) * compute;
+        if conv_f32 && o.conv {
+            // x_backward and weight_backward each convert x and the output gradient to f32.
+            in_flight += 2 * b * (o.input + o.output) * 4;
+        }
+        peak = peak.max(alive + in_flight);
+        alive -= saved(o);
+    }
+    peak - forward_end
+}
+
+/// The estimate for `settings`, at its micro-batch size.
+pub fn estimate(settings: &Settings, cpu: bool) -> Estimate {
+    let (compute, pbytes) = dtype_bytes(settings);
+    let t = &settings.train;
+    let b = t.batch_size as u64;
+    let (ops, weights, bn, buffers) =
+        tape(&settings.model, settings.input_size, settings.num_classes);
+    let params = weights + bn;
+    let line = |what: &str, elements: u64, bytes_each: u64| Line {
+        what: what.into(),
+        elements,
+        bytes: elements * bytes_each,
+    };
+    let mut model_state = vec![
+        line("parameters", params, pbytes),
+        line("batch-norm running statistics", buffers, pbytes),
+    ];
+    let moments = match t.optimizer {
+        OptimizerName::Adam => 2,
+        OptimizerName::Sgd if t.momentum > 0.0 => 1,
+        OptimizerName::Sgd => 0,
+    };
+    if moments > 0 {
+        model_state.push(line("optimizer state", moments * params, pbytes));
+    }
+    if t.accum_steps > 1 {
+        // Earlier micro-batches' summed gradients are alive during the next forward.
+        model_state.push(line("accumulated gradients", params, pbytes));
+    }
+    let mode = settings.precision.mode;
+    if mode.half().is_some() && mode.master_weights() {
+        model_state.push(line("half copies of conv/linear weights", weights, 2));
+    }
+    let mut activations: Vec<Line> = Vec::new();
+    for o in &ops {
+        let bytes = b * (o.saves * compute + o.indices * 8);
+        let elements = b * (o.saves + o.indices);
+        match activations.last_mut() {
+            Some(last) if last.what == o.group => {
+                last.bytes += bytes;
+                last.elements += elements;
+            }
+            _ => activations.push(Line {
+                what: o.group.clone(),
+                elements,
+                bytes,
+            }),
+        }
+    }
+    // Logits cast to f32, log-softmax output: small, but there.
+    activations.push(line("logits and log-probabilities (f32)", 2 * b * 10, 4));
+    let conv_f32 = cpu && mode == burn_models::PrecisionMode::Bf16Mixed;
+    let excess = backward_excess(&ops, b, compute, conv_f32);
+    let what = if conv_f32 {
+        "backward: gradients in flight (+ CPU bf16 conv's f32 copies)"
+    } else {
+        "backward: gradients in flight at its peak"
+    };
+    let in_flight = Line {
+        what: what.into(),
+        elements: excess / compute,
+        bytes: excess,
+    };
+    let device_peak_bytes = model_state
+        .iter()
+        .chain(&activations)
+        .chain(std::iter::once(&in_flight))
+        .map(|l| l.bytes)
+        .sum();
+    let images = match &settings.data {
+        crate::config::DataSpec::Synthetic {
+            train_size,
+            eval_size,
+            ..
+        } => (train_size + eval_size) as u64,
+        crate::config::DataSpec::Cifar10 { .. } => 60_000,
+    };
+    let per_image = 3 * (settings.input_size as u64).pow(2) + 1;
+    Estimate {
+        parameters: params,
+        micro_batch: t.batch_size,
+        model_state,
+        activations,
+        in_flight,
+        host_data: line("data set (u8 images + labels)", images * per_image, 1),
+        device_peak_bytes,
+    }
+}
