@@ -83,3 +83,12 @@ pub fn train(name: &str, args: &[&str]) -> (String, serde_json::Value) {
     let stdout = run_ok(&all);
     (stdout, summary(&json))
 }
+
+/// The value of `key` in the summary table printed on stdout, whatever the column width.
+pub fn table_value(stdout: &str, key: &str) -> Option<String> {
+    stdout.lines().find_map(|line| {
+        let rest = line.strip_prefix("  ")?.strip_prefix(key)?;
+        // A key that only starts with `key` ("steps" vs "steps skipped") has no gap after it.
+        rest.starts_with("  ").then(|| rest.trim().to_string())
+    })
+}

@@ -1,4 +1,4 @@
-use super::common::{arg, run, stderr, temp};
+use super::common::{arg, run, stderr, table_value, temp};
 
 fn fails_with(args: &[&str], code: i32, message: &str) {
     let out = run(args);
@@ -125,7 +125,12 @@ fn cifar_files_in_the_binary_format_train() {
         &format!("train.output_dir={}", arg(&dir.join("run"))),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("steps             3"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        table_value(&stdout, "steps").as_deref(),
+        Some("3"),
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -1,4 +1,4 @@
-use super::common::{arg, run, stderr, temp, train};
+use super::common::{arg, run, stderr, table_value, temp, train};
 
 /// ln(10): the loss of a model that guesses uniformly over 10 classes.
 const CHANCE_LOSS: f64 = std::f64::consts::LN_10;
@@ -150,7 +150,12 @@ fn auto_falls_back_to_the_cpu_with_one_line() {
         stderr(&out).lines().next().unwrap_or_default(),
         "backend auto: no CUDA device (disabled by OOMLAB_NO_CUDA); using the CPU (Flex)"
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("backend           cpu"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        table_value(&stdout, "backend").as_deref(),
+        Some("cpu"),
+        "{stdout}"
+    );
 }
 
 #[test]
