@@ -4,6 +4,7 @@ use std::any::Any;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Mutex;
 
+use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::cuda::CudaDevice;
 use burn::backend::{Autodiff, Cuda, Flex};
 use burn::tensor::Tensor;
@@ -14,6 +15,10 @@ use crate::config::BackendKind;
 pub type CpuBackend = Autodiff<Flex>;
 /// Training on an NVIDIA GPU: burn-cuda under autodiff.
 pub type CudaBackend = Autodiff<Cuda>;
+/// [`CpuBackend`] with balanced activation checkpointing (`memory.checkpointing`).
+pub type CpuCheckpointed = Autodiff<Flex, BalancedCheckpointing>;
+/// [`CudaBackend`] with balanced activation checkpointing.
+pub type CudaCheckpointed = Autodiff<Cuda, BalancedCheckpointing>;
 
 /// The backend a run uses.
 #[derive(Debug, Clone)]

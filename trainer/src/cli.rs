@@ -17,12 +17,15 @@ use crate::config::BackendKind;
   trainer --config configs/f32.toml
   trainer --config configs/amp-accum.toml --max-steps 20
   trainer estimate --config configs/mobilenet.toml --set model.input_size=224
+  trainer compare configs/*.toml --backend cpu --steps 20 --out runs/compare
+  trainer find-batch-size --config configs/mobilenet.toml --backend cpu --budget 2GiB
   trainer --config configs/mobilenet.toml --backend cpu --max-steps 50
   trainer --config configs/f32.toml --set train.batch_size=32 --set train.lr=3e-4
   trainer --config configs/f32.toml --summary-json runs/f32.json
   trainer --config configs/f32.toml --resume runs/f32/checkpoint
 
-Exit codes: 0 done, 1 runtime error, 2 bad config, flag or data."
+Exit codes: 0 done, 1 runtime error, 2 bad config, flag or data, 3 out of memory
+(over memory.budget, or a CUDA allocation failed): the message ranks the fixes."
 )]
 pub struct Cli {
     /// Something other than training.
@@ -45,6 +48,78 @@ pub enum Command {
       --set model.num_classes=1000 --set model.width_multiplier=0.5
   trainer estimate --config configs/mobilenet-amp.toml --json runs/estimate.json")]
     Estimate(EstimateArgs),
+
+    /// Run several configs, each in a fresh process, and compare memory, speed and accuracy:
+    /// a table, and report.md, report.csv, report.json and memory.svg in --out.
+    #[command(after_help = "Examples:
+  trainer compare configs/*.toml --backend cpu --steps 20
+  trainer compare configs/f32.toml configs/amp.toml configs/amp-accum.toml --out runs/amp
+  trainer compare configs/mobilenet*.toml --set model.width_multiplier=0.5")]
+    Compare(CompareArgs),
+
+    /// Find the largest micro-batch that fits, by trial steps at growing then bisected sizes,
+    /// each in a fresh process; suggests the accum_steps that keeps the effective batch.
+    #[command(after_help = "Examples:
+  trainer find-batch-size --config configs/mobilenet.toml --backend cpu --budget 2GiB
+  trainer find-batch-size --config configs/amp.toml --backend cuda      # the GPU decides
+  trainer find-batch-size --config configs/f32.toml --budget 1GiB --margin 0.2")]
+    FindBatchSize(FindArgs),
+}
+
+/// `trainer compare`
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Config files to compare, in report order.
+    #[arg(required = true, value_name = "CONFIG")]
+    pub configs: Vec<PathBuf>,
+
+    /// Optimizer steps per config.
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub steps: usize,
+
+    /// Backend for every run, overriding each config's `backend.kind`.
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendKind>,
+
+    /// Override one key in every config (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+
+    /// Folder for the reports and each run's outputs.
+    #[arg(long, default_value = "runs/compare", value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+/// `trainer find-batch-size`
+#[derive(Debug, Args)]
+pub struct FindArgs {
+    /// TOML config file; without it, the embedded default.
+    #[arg(short, long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// Override one config key (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+
+    /// Backend, overriding `backend.kind`.
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendKind>,
+
+    /// Memory a trial may peak at, e.g. 2GiB (else `memory.budget`; required on the CPU).
+    #[arg(long, value_name = "SIZE")]
+    pub budget: Option<String>,
+
+    /// Safety margin: a trial fits when its peak is within budget × (1 − margin).
+    #[arg(long, default_value_t = 0.1, value_name = "FRACTION")]
+    pub margin: f64,
+
+    /// Largest micro-batch to try.
+    #[arg(long, default_value_t = 4096, value_name = "N")]
+    pub max_batch: usize,
+
+    /// Also write the trials and the answer as JSON to PATH.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
 }
 
 /// `trainer estimate`
@@ -89,6 +164,10 @@ pub struct RunArgs {
     /// Continue from a checkpoint folder (e.g. runs/f32/checkpoint).
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
+
+    /// One measuring step for find-batch-size: no budget check, evaluation or checkpoint.
+    #[arg(long, hide = true)]
+    pub trial: bool,
 }
 
 impl RunArgs {

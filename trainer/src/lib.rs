@@ -2,8 +2,11 @@
 
 pub mod accumulate;
 pub mod backend;
+pub mod batch_finder;
 pub mod checkpoint;
+pub mod child;
 pub mod cli;
+pub mod compare;
 pub mod config;
 pub mod data;
 pub mod eval;
@@ -12,8 +15,10 @@ pub mod loss_scale;
 pub mod malloc;
 pub mod memory;
 pub mod model;
+pub mod oom;
 pub mod optim;
 pub mod progress;
+pub mod report;
 pub mod schedule;
 pub mod step;
 pub mod summary;

@@ -6,13 +6,19 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use clap::Parser;
-use trainer::backend::{self, CpuBackend, CudaBackend, Selected};
-use trainer::cli::{Cli, Command, EstimateArgs, RunArgs};
-use trainer::config::{self, ConfigError, Purpose, Settings};
+use trainer::backend::{
+    self, CpuBackend, CpuCheckpointed, CudaBackend, CudaCheckpointed, Selected,
+};
+use trainer::batch_finder::{self, Search};
+use trainer::cli::{Cli, Command, CompareArgs, EstimateArgs, FindArgs, RunArgs};
+use trainer::compare::{self, Plan};
+use trainer::config::{self, Checkpointing, ConfigError, Purpose, Settings};
 use trainer::data::DataError;
 use trainer::memory::cuda::CudaProbe;
 use trainer::memory::heap::{CountingAllocator, HeapProbe};
-use trainer::train::train;
+use trainer::oom::{self, OutOfMemory, Tracked};
+use trainer::report;
+use trainer::train::{train, RunOptions};
 
 /// Counts heap bytes so the CPU backend's memory peaks are exact.
 #[global_allocator]
@@ -27,6 +33,10 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            if let Some(oom) = e.downcast_ref::<OutOfMemory>() {
+                eprintln!("{oom}");
+                return ExitCode::from(trainer::child::EXIT_OUT_OF_MEMORY as u8);
+            }
             let bad_config = e.downcast_ref::<ConfigError>().is_some();
             let bad_data = e.downcast_ref::<DataError>().is_some();
             let prefix = if bad_config { "config error" } else { "error" };
@@ -39,6 +49,8 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Estimate(args)) => estimate(args),
+        Some(Command::Compare(args)) => compare(args),
+        Some(Command::FindBatchSize(args)) => find_batch_size(args),
         None => train_run(cli.run),
     }
 }
@@ -79,22 +91,137 @@ fn train_run(cli: RunArgs) -> anyhow::Result<()> {
         eprintln!("note: {note}");
     }
     let selected = backend::select(settings.backend, settings.cuda_index)?;
-    let resume = cli.resume.as_deref();
-    let summary = match &selected {
+    let cpu = matches!(selected, Selected::Cpu);
+    if !cli.trial {
+        oom::check_budget(&settings, cpu)?;
+    }
+    let options = RunOptions {
+        resume: cli.resume.as_deref(),
+        trial: cli.trial,
+    };
+    let name = selected.name();
+    let balanced = settings.memory.checkpointing == Checkpointing::Balanced;
+    let s = &settings;
+    let summary = oom::catch(s, cpu, || match &selected {
         Selected::Cpu => {
-            let mut probe = HeapProbe::default();
-            let device = Default::default();
-            train::<CpuBackend>(&settings, device, &selected.name(), resume, &mut probe)?
+            let (mut heap, device) = (HeapProbe::default(), Default::default());
+            let probe = &mut Tracked(&mut heap);
+            match balanced {
+                false => train::<CpuBackend>(s, device, &name, options, probe),
+                true => train::<CpuCheckpointed>(s, device, &name, options, probe),
+            }
         }
         Selected::Cuda(device) => {
-            let mut probe = CudaProbe::new(device.clone());
-            let name = selected.name();
-            train::<CudaBackend>(&settings, device.clone(), &name, resume, &mut probe)?
+            let mut cuda = CudaProbe::new(device.clone());
+            let (probe, device) = (&mut Tracked(&mut cuda), device.clone());
+            match balanced {
+                false => train::<CudaBackend>(s, device, &name, options, probe),
+                true => train::<CudaCheckpointed>(s, device, &name, options, probe),
+            }
         }
-    };
+    })?;
     print!("{}", summary.table());
     if let Some(path) = &cli.summary_json {
         summary.write_json(path)?;
     }
     Ok(())
+}
+
+fn compare(args: CompareArgs) -> anyhow::Result<()> {
+    if args.steps == 0 {
+        return Err(config::out_of_range("--steps", 0, "must be at least 1").into());
+    }
+    let backend = args.backend.map(|b| format!("{b:?}").to_lowercase());
+    let plan = Plan {
+        configs: args.configs,
+        steps: args.steps,
+        backend: backend.clone(),
+        sets: args.overrides,
+        out: args.out,
+    };
+    let rows = compare::run(&plan)?;
+    let heading = format!(
+        "`trainer compare {}` — {} optimizer steps per config, backend {}",
+        plan.configs
+            .iter()
+            .map(|c| c.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
+        plan.steps,
+        backend.as_deref().unwrap_or("as each config says")
+    );
+    print!("{}", report::markdown(&rows));
+    report::write_all(&rows, &plan.out, &heading)?;
+    let failed = rows.iter().filter(|r| r.error.is_some()).count();
+    println!(
+        "{} configs, {failed} failed; report.md, report.csv, report.json and memory.svg in {}",
+        rows.len(),
+        plan.out.display()
+    );
+    if failed == rows.len() {
+        anyhow::bail!("every config failed (see the error column)");
+    }
+    Ok(())
+}
+
+fn find_batch_size(args: FindArgs) -> anyhow::Result<()> {
+    let mut overrides = args.overrides.clone();
+    if let Some(b) = args.backend {
+        overrides.push(format!("backend.kind={}", format!("{b:?}").to_lowercase()));
+    }
+    let settings = settings(args.config.as_deref(), &overrides, Purpose::Train)?;
+    if !(0.0..1.0).contains(&args.margin) {
+        return Err(config::out_of_range("--margin", args.margin, "must be in [0, 1)").into());
+    }
+    let budget = match &args.budget {
+        Some(text) => Some(
+            config::parse_size(text)
+                .ok_or_else(|| config::out_of_range("--budget", text, config::SIZE_HELP))?,
+        ),
+        None => settings.memory.budget,
+    };
+    let selected = backend::select(settings.backend, settings.cuda_index)?;
+    if budget.is_none() && matches!(selected, Selected::Cpu) {
+        return Err(config::out_of_range(
+            "--budget",
+            "(none)",
+            "the CPU has no memory limit to find: give --budget SIZE or memory.budget",
+        )
+        .into());
+    }
+    let limit = budget.map(|b| (b as f64 * (1.0 - args.margin)) as u64);
+    let mut trial_args = Vec::new();
+    if let Some(c) = &args.config {
+        trial_args.extend(["--config".to_string(), c.display().to_string()]);
+    }
+    trial_args.extend(["--backend".into(), selected_kind(&selected).into()]);
+    for set in &args.overrides {
+        trial_args.extend(["--set".to_string(), set.clone()]);
+    }
+    let search = Search {
+        args: trial_args,
+        limit,
+        effective_batch: settings.train.effective_batch(),
+        max_batch: args.max_batch.max(1),
+        scratch: settings.train.output_dir.join("find-batch-size"),
+    };
+    let found = batch_finder::find(&search)?;
+    let config = args
+        .config
+        .as_ref()
+        .map_or_else(|| "configs/amp.toml".into(), |c| c.display().to_string());
+    print!("{}", found.describe(&config));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&found)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `--backend` value that makes a trial use the backend already selected here.
+fn selected_kind(selected: &Selected) -> &'static str {
+    match selected {
+        Selected::Cpu => "cpu",
+        Selected::Cuda(_) => "cuda",
+    }
 }

@@ -34,12 +34,20 @@ pub struct Summary {
     pub final_lr: f64,
     pub steps: usize,
     pub epochs: usize,
+    #[serde(deserialize_with = "nan_if_null")]
     pub images_per_sec: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub final_train_loss: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub eval_loss: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub eval_accuracy: f64,
     pub wall_seconds: f64,
     pub checkpoint: String,
+    /// `memory.free_cache`: when cached device memory was released.
+    pub free_cache: String,
+    /// `memory.checkpointing`: which activations autodiff kept.
+    pub checkpointing: String,
     /// `trainer estimate`'s prediction of `peak_bytes`.
     pub predicted_peak_bytes: u64,
     /// measured / predicted − 1, where the probe measured a peak.
@@ -96,6 +104,8 @@ impl Summary {
             ),
             ("wall time", format!("{:.1} s", self.wall_seconds)),
             ("checkpoint", self.checkpoint.clone()),
+            ("free cache", self.free_cache.clone()),
+            ("act. checkpointing", self.checkpointing.clone()),
             ("memory probe", self.memory.memory_probe.clone()),
             ("peak in use", bytes(self.memory.peak_bytes)),
             (
@@ -110,6 +120,10 @@ impl Summary {
                 ),
             ),
             ("peak reserved", bytes(self.memory.reserved_peak_bytes)),
+            (
+                "reserved after step",
+                bytes(self.memory.reserved_after_step_bytes),
+            ),
             (
                 "live after fwd/bwd/step",
                 format!(
@@ -133,6 +147,11 @@ impl Summary {
         let json = serde_json::to_string_pretty(self)?;
         std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))
     }
+}
+
+/// JSON has no NaN (serde_json writes `null`): read `null` back as NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// Bytes in binary units, or `n/a` where the probe cannot measure it.

@@ -22,7 +22,7 @@ use burn_models::{cast_params, dtype_name, BatchNormBackend, PrecisionMode};
 
 use crate::accumulate::{window_gradients, Windows};
 use crate::checkpoint::{self, LoopState};
-use crate::config::{unsupported_dtype, Settings};
+use crate::config::{unsupported_dtype, FreeCache, Settings};
 use crate::data::{self, shuffled, Batcher};
 use crate::eval::{evaluate, EvalResult};
 use crate::loss_scale::LossScaler;
@@ -39,13 +39,22 @@ use crate::updates::Before;
 /// How many of the last step losses the summary's "final train loss" averages.
 const LOSS_WINDOW: usize = 20;
 
-/// Trains the model `settings` describes on `device`; `resume` continues from a checkpoint;
-/// `probe` measures memory over the training steps.
+/// How a run starts and ends, beyond its config.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions<'a> {
+    /// Continue from this checkpoint folder.
+    pub resume: Option<&'a Path>,
+    /// A measuring trial (`find-batch-size`): no evaluation, no checkpoint.
+    pub trial: bool,
+}
+
+/// Trains the model `settings` describes on `device`; `probe` measures memory over the
+/// training steps.
 pub fn train<B>(
     settings: &Settings,
     device: B::Device,
     backend: &str,
-    resume: Option<&Path>,
+    options: RunOptions,
     probe: &mut dyn MemoryProbe,
 ) -> anyhow::Result<Summary>
 where
@@ -84,7 +93,7 @@ where
         optimizer: format!("{:?}", t.optimizer).to_lowercase(),
         config: settings.toml.clone(),
     };
-    if let Some(dir) = resume {
+    if let Some(dir) = options.resume {
         if p.mode == PrecisionMode::F16 {
             anyhow::bail!(
                 "--resume is not available with precision.mode = \"f16\": checkpoints store \
@@ -145,6 +154,9 @@ where
             let before = track_updates.then(|| Before::<B>::of(&model));
             let outcome;
             (model, outcome) = stepper.apply(model, w.grads);
+            if settings.memory.free_cache == FreeCache::Step {
+                B::memory_cleanup(&device);
+            }
             probe.sample(Phase::AfterStep);
             if let (Some(before), Outcome::Stepped { .. }) = (before, outcome) {
                 unchanged.push(before.unchanged_fraction(&model));
@@ -178,6 +190,12 @@ where
         if state.window == per_epoch {
             state.epoch += 1;
             state.window = 0;
+            if settings.memory.free_cache == FreeCache::Epoch {
+                B::memory_cleanup(&device);
+            }
+            if options.trial {
+                continue;
+            }
             let result = evaluate(
                 &model.valid(),
                 &splits.eval,
@@ -195,6 +213,10 @@ where
     progress.finish();
     // A run stopped by max_steps mid-epoch is still evaluated and checkpointed at its end.
     let eval = match eval {
+        _ if options.trial => EvalResult {
+            loss: f64::NAN,
+            accuracy: f64::NAN,
+        },
         Some(e) if state.window == 0 => e,
         _ => {
             checkpoint::save(&checkpoint_dir, &model, &stepper.optim, &state)
@@ -230,6 +252,8 @@ where
         accum_steps: t.accum_steps,
         effective_batch: t.effective_batch(),
         lr_schedule: format!("{:?}", t.lr_schedule).to_lowercase(),
+        free_cache: settings.memory.free_cache.name().into(),
+        checkpointing: settings.memory.checkpointing.name().into(),
         final_lr: stepper.lr(),
         steps: state.step,
         epochs: state.epoch,

@@ -62,7 +62,7 @@ fn unknown_keys_name_the_key_and_the_allowed_ones() {
     assert_eq!(
         error("[optimiser]\n", &[]),
         "optimiser: unknown field `optimiser`, expected one of `model`, `data`, `train`, `precision`, \
-         `backend`"
+         `backend`, `memory`"
     );
 }
 
@@ -291,4 +291,62 @@ fn bf16_on_a_backend_without_it_names_the_backend() {
 fn effective_batch_is_micro_batch_times_accumulation() {
     let s = settings("", &["train.batch_size=32", "train.accum_steps=4"]);
     assert_eq!(s.train.effective_batch(), 128);
+}
+
+#[test]
+fn memory_switches_default_off_and_parse() {
+    use trainer::config::{Checkpointing, FreeCache};
+    let s = settings("", &[]);
+    assert_eq!(s.memory.free_cache, FreeCache::Never);
+    assert_eq!(s.memory.checkpointing, Checkpointing::None);
+    assert_eq!(s.memory.budget, None);
+    let s = settings(
+        "[memory]\nfree_cache = \"step\"\ncheckpointing = \"balanced\"\nbudget = \"1.5GiB\"\n",
+        &[],
+    );
+    assert_eq!(s.memory.free_cache, FreeCache::Step);
+    assert_eq!(s.memory.checkpointing, Checkpointing::Balanced);
+    assert_eq!(s.memory.budget, Some(3 << 29));
+}
+
+#[test]
+fn sizes_parse_in_binary_and_decimal_units() {
+    use trainer::config::parse_size;
+    for (text, bytes) in [
+        ("6GiB", Some(6 << 30)),
+        ("512 MiB", Some(512 << 20)),
+        ("1.5GB", Some(1_500_000_000)),
+        ("4096", Some(4096)),
+        ("64KiB", Some(65536)),
+        ("2TB", Some(2_000_000_000_000)),
+        ("0GiB", None),
+        ("-1GiB", None),
+        ("6 gigs", None),
+        ("GiB", None),
+        ("", None),
+    ] {
+        assert_eq!(parse_size(text), bytes, "{text:?}");
+    }
+}
+
+#[test]
+fn bad_memory_values_say_what_is_allowed() {
+    let cases = [
+        (
+            "memory.free_cache=always",
+            "memory.free_cache: unknown variant `always`, expected one of `never`, `step`, `epoch`",
+        ),
+        (
+            "memory.checkpointing=full",
+            "memory.checkpointing: unknown variant `full`, expected `none` or `balanced`",
+        ),
+        (
+            "memory.budget=lots",
+            "memory.budget = \"lots\": expected a positive size such as \"6GiB\", \"512MiB\", \
+             \"1.5GB\" or \"800000000\" (bytes)",
+        ),
+    ];
+    for (set, expected) in cases {
+        assert_eq!(error("", &[set]), expected, "--set {set}");
+    }
 }

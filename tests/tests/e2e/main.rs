@@ -4,6 +4,8 @@
 mod common;
 /// Bad configs, flags and data: exact messages and exit codes.
 mod errors;
+/// free_cache, the budget and its diagnosis, `compare`, `find-batch-size`.
+mod fixes;
 /// Heap peaks: what mixed precision, accumulation and BN in f32 cost.
 mod memory;
 /// Mixed precision, loss scaling and accumulation through the binary.

@@ -2,6 +2,7 @@
 //!
 //! Every failure is one [`ConfigError`] line that names the key, the value and what is allowed.
 
+mod memory;
 mod precision;
 mod raw;
 
@@ -9,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use burn_models::{MobileNetConfig, SimpleModelConfig};
 
+pub use memory::{parse_size, Checkpointing, FreeCache, MemorySpec, SIZE_HELP};
 pub use precision::{unsupported_dtype, LossScaleSpec, PrecisionSpec};
 pub use raw::{BackendKind, DataSource, ModelName, OptimizerName, RawConfig, ScheduleName};
 
@@ -117,6 +119,7 @@ pub struct Settings {
     pub precision: PrecisionSpec,
     pub backend: BackendKind,
     pub cuda_index: usize,
+    pub memory: MemorySpec,
 }
 
 /// Reads `path`, applies `overrides` (`key=value`, value in TOML syntax or a bare string) and
@@ -225,7 +228,8 @@ fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError>
     Ok(())
 }
 
-pub(crate) fn out_of_range(key: &'static str, value: impl ToString, allowed: &str) -> ConfigError {
+/// A [`ConfigError::Value`]: `key` has `value`, outside what `allowed` says.
+pub fn out_of_range(key: &'static str, value: impl ToString, allowed: &str) -> ConfigError {
     ConfigError::Value {
         key,
         value: value.to_string(),
@@ -410,6 +414,7 @@ fn validate(path: &Path, raw: RawConfig, purpose: Purpose) -> Result<Settings, C
         }
     }
     let precision = precision::validate(&raw.precision)?;
+    let memory = memory::validate(&raw.memory)?;
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -446,5 +451,6 @@ fn validate(path: &Path, raw: RawConfig, purpose: Purpose) -> Result<Settings, C
         precision,
         backend: raw.backend.kind,
         cuda_index: raw.backend.cuda_index,
+        memory,
     })
 }

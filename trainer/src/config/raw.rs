@@ -17,6 +17,8 @@ pub struct RawConfig {
     pub precision: RawPrecision,
     /// `[backend]`
     pub backend: RawBackend,
+    /// `[memory]`
+    pub memory: super::memory::RawMemory,
 }
 
 /// Which network to build.

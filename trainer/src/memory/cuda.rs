@@ -15,6 +15,7 @@ pub struct CudaProbe {
     device: CudaDevice,
     in_use: u64,
     reserved: u64,
+    reserved_after_step: u64,
     phases: PhaseMax,
 }
 
@@ -25,6 +26,7 @@ impl CudaProbe {
             device,
             in_use: 0,
             reserved: 0,
+            reserved_after_step: 0,
             phases: PhaseMax::default(),
         }
     }
@@ -42,6 +44,9 @@ impl MemoryProbe for CudaProbe {
         self.in_use = self.in_use.max(usage.bytes_in_use);
         self.reserved = self.reserved.max(usage.bytes_reserved);
         self.phases.record(phase, usage.bytes_in_use);
+        if phase == Phase::AfterStep {
+            self.reserved_after_step = usage.bytes_reserved;
+        }
     }
 
     fn report(&self) -> MemoryReport {
@@ -49,6 +54,7 @@ impl MemoryProbe for CudaProbe {
             memory_probe: "cuda".into(),
             peak_bytes: Some(self.in_use),
             reserved_peak_bytes: Some(self.reserved),
+            reserved_after_step_bytes: Some(self.reserved_after_step),
             live_after_forward_bytes: Some(self.phases.forward),
             live_after_backward_bytes: Some(self.phases.backward),
             live_after_step_bytes: Some(self.phases.step),

@@ -13,7 +13,7 @@
 
 use serde::Serialize;
 
-use crate::config::{ModelSpec, OptimizerName, Settings};
+use crate::config::{Checkpointing, ModelSpec, OptimizerName, Settings};
 use crate::memory::human;
 
 /// One row of the breakdown.
@@ -103,8 +103,9 @@ fn dtype_bytes(settings: &Settings) -> (u64, u64) {
 }
 
 /// One op of the forward pass, per image: what it saves for backward (elements of the compute
-/// dtype, and of 8-byte max-pool indices), its input and output sizes, and whether it is a
-/// convolution (the CPU backend runs bf16 convolutions through f32 copies).
+/// dtype, and of 8-byte max-pool indices), its input and output sizes, whether it is a
+/// convolution (the CPU backend runs bf16 convolutions through f32 copies), and whether what it
+/// saves is a ReLU's output (balanced checkpointing recomputes that instead of keeping it).
 struct Op {
     group: String,
     saves: u64,
@@ -112,6 +113,7 @@ struct Op {
     input: u64,
     output: u64,
     conv: bool,
+    after_relu: bool,
 }
 
 fn op(group: &str, saves: u64, input: u64, output: u64) -> Op {
@@ -122,6 +124,7 @@ fn op(group: &str, saves: u64, input: u64, output: u64) -> Op {
         input,
         output,
         conv: false,
+        after_relu: false,
     }
 }
 
@@ -152,6 +155,7 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
                 ),
                 Op {
                     indices: c * pooled,
+                    after_relu: true,
                     ..op(
                         "max-pool (keeps its input and argmax indices)",
                         c * s * s,
@@ -170,8 +174,11 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
             let (mut weights, mut bn) = (3 * c_in * 9, 2 * c_in);
             // conv keeps its input, BN its input (the conv output), ReLU its input (BN's).
             let conv_bn_relu = |ops: &mut Vec<Op>, group: &str, input: u64, out: u64| {
+                // Every conv but the stem's reads the previous ReLU's output.
+                let after_relu = !ops.is_empty();
                 ops.push(Op {
                     conv: true,
+                    after_relu,
                     ..op(group, input, input, out)
                 });
                 ops.push(op(group, out, out, out));
@@ -197,7 +204,10 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
                 c_in = c_out;
             }
             let last = c_in * side * side;
-            ops.push(op("global pool (keeps its input)", last, last, c_in));
+            ops.push(Op {
+                after_relu: true,
+                ..op("global pool (keeps its input)", last, last, c_in)
+            });
             ops.push(op("linear (keeps its input)", c_in, c_in, k));
             weights += c_in * k + k;
             (ops, weights, bn, bn)
@@ -216,6 +226,10 @@ fn backward_excess(ops: &[Op], b: u64, compute: u64, conv_f32: bool) -> u64 {
     let mut peak = forward_end;
     for o in ops.iter().rev() {
         let mut in_flight = b * (o.output + o.input) * compute;
+        if o.after_relu && o.saves == 0 {
+            // Checkpointed: the ReLU output is recomputed for this op's backward.
+            in_flight += b * o.input * compute;
+        }
         if conv_f32 && o.conv {
             // x_backward and weight_backward each convert x and the output gradient to f32.
             in_flight += 2 * b * (o.input + o.output) * 4;
@@ -231,8 +245,14 @@ pub fn estimate(settings: &Settings, cpu: bool) -> Estimate {
     let (compute, pbytes) = dtype_bytes(settings);
     let t = &settings.train;
     let b = t.batch_size as u64;
-    let (ops, weights, bn, buffers) =
+    let (mut ops, weights, bn, buffers) =
         tape(&settings.model, settings.input_size, settings.num_classes);
+    if settings.memory.checkpointing == Checkpointing::Balanced {
+        // ReLU is memory-bound: its output is recomputed in backward from its kept input.
+        for o in ops.iter_mut().filter(|o| o.after_relu) {
+            o.saves = 0;
+        }
+    }
     let params = weights + bn;
     let line = |what: &str, elements: u64, bytes_each: u64| Line {
         what: what.into(),

@@ -34,6 +34,9 @@ pub struct MemoryReport {
     pub peak_bytes: Option<u64>,
     /// Peak bytes the allocator held from the device (CUDA: CubeCL's reserved pools).
     pub reserved_peak_bytes: Option<u64>,
+    /// Bytes the allocator still held after the last optimizer step (after `free_cache`'s
+    /// cleanup, when it runs per step).
+    pub reserved_after_step_bytes: Option<u64>,
     /// Largest live bytes seen right after a forward pass.
     pub live_after_forward_bytes: Option<u64>,
     /// Largest live bytes seen right after a backward pass.

@@ -1,0 +1,251 @@
+//! The memory switches and tools, run through the binary on the CPU: free_cache, the budget
+//! and its out-of-memory diagnosis, `compare` and `find-batch-size`.
+
+use super::common::{arg, run, stderr, temp, train};
+
+/// Small SimpleModel runs: the data set is kept small so the heap is mostly the step.
+const SMALL: [&str; 4] = ["--set", "data.train_size=256", "--set", "data.eval_size=32"];
+
+fn simple(name: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["--config", "configs/f32.toml", "--backend", "cpu"];
+    args.extend(SMALL);
+    args.extend(extra);
+    train(name, &args).1
+}
+
+/// On the CPU, Flex keeps no cache to free: the switch runs, is reported, and the heap peak
+/// stays where it was. (On CUDA it lowers what is reserved after a step, not the peak in use.)
+#[test]
+fn free_cache_is_reported_and_does_not_lower_the_peak_in_use() {
+    let base = ["--max-steps", "4", "--set", "train.batch_size=32"];
+    let never = simple("cache-never", &base);
+    let step = simple(
+        "cache-step",
+        &[&base[..], &["--set", "memory.free_cache=step"]].concat(),
+    );
+    let epoch = simple(
+        "cache-epoch",
+        &[
+            &base[..],
+            &[
+                "--set",
+                "memory.free_cache=epoch",
+                "--set",
+                "data.train_size=64",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(never["free_cache"], "never");
+    assert_eq!(step["free_cache"], "step");
+    assert_eq!(epoch["free_cache"], "epoch");
+    assert_eq!(
+        epoch["epochs"], 2,
+        "64 images at 32 a step: 4 steps are two epochs"
+    );
+    let peak = |s: &serde_json::Value| s["peak_bytes"].as_f64().unwrap();
+    let ratio = peak(&step) / peak(&never);
+    assert!(
+        (0.97..1.03).contains(&ratio),
+        "peak with free_cache=step / never = {ratio}"
+    );
+}
+
+#[test]
+fn a_budget_under_the_estimate_stops_before_training_with_ranked_fixes() {
+    let dir = temp("budget");
+    let out = run(&[
+        "--config",
+        "configs/mobilenet.toml",
+        "--backend",
+        "cpu",
+        "--set",
+        "memory.budget=10MiB",
+        "--set",
+        &format!("train.output_dir={}", arg(&dir)),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(
+        lines[0], "out of memory before training: over memory.budget = 10.0 MiB",
+        "{err}"
+    );
+    assert!(
+        lines[1].starts_with("predicted peak of this config: "),
+        "{err}"
+    );
+    assert_eq!(lines[2], "fixes, largest predicted saving first:", "{err}");
+    let fixes: Vec<&str> = lines[3..lines.len() - 1].to_vec();
+    // MobileNet α 0.5 in f32 at batch 64: mixed precision, two accumulation splits and
+    // checkpointing apply; α is already 0.5.
+    assert_eq!(fixes.len(), 4, "{err}");
+    for fix in &fixes {
+        assert!(fix.contains(" --set "), "{fix}");
+    }
+    assert_eq!(
+        lines.last(),
+        Some(&"no checkpoint had been written yet"),
+        "{err}"
+    );
+    assert!(
+        !dir.join("checkpoint").exists(),
+        "nothing is trained or written"
+    );
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_budget_over_the_estimate_trains() {
+    let s = simple(
+        "budget-ok",
+        &["--max-steps", "1", "--set", "memory.budget=8GiB"],
+    );
+    assert_eq!(s["steps"], 1);
+}
+
+#[test]
+fn compare_runs_each_config_and_reports_failures_as_rows() {
+    let dir = temp("compare");
+    let broken = dir.join("broken.toml");
+    std::fs::write(&broken, "[train]\nbatch_size = 0\n").unwrap();
+    let out_dir = dir.join("report");
+    let mut args = vec![
+        "compare".to_string(),
+        "configs/f32.toml".into(),
+        "configs/amp.toml".into(),
+        arg(&broken),
+        "--backend".into(),
+        "cpu".into(),
+        "--steps".into(),
+        "2".into(),
+        "--out".into(),
+        arg(&out_dir),
+    ];
+    args.extend(SMALL.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("| ")).collect();
+    assert_eq!(rows.len(), 4, "header and three configs:\n{stdout}");
+    assert!(rows[0].starts_with("| config | model | precision | BN | batch × accum | predicted"));
+    assert!(rows[1].starts_with("| f32 | simple | f32 |"), "{}", rows[1]);
+    assert!(
+        rows[2].starts_with("| amp | simple | f16-mixed |"),
+        "{}",
+        rows[2]
+    );
+    assert!(
+        rows[3].starts_with("| broken | — | — |")
+            && rows[3].ends_with("| config error: train.batch_size = 0: must be at least 1 |"),
+        "{}",
+        rows[3]
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).unwrap())
+            .unwrap();
+    let peak = |i: usize| report[i]["peak_bytes"].as_f64().unwrap();
+    assert!(peak(1) < peak(0), "f16-mixed below f32: {report}");
+    assert_eq!(report[2]["peak_bytes"], serde_json::Value::Null);
+    let csv = std::fs::read_to_string(out_dir.join("report.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 4, "{csv}");
+    let md = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
+    assert!(md.contains(rows[1]), "{md}");
+    let svg = std::fs::read_to_string(out_dir.join("memory.svg")).unwrap();
+    for text in [
+        "<svg",
+        "f32",
+        "amp",
+        "broken",
+        "failed",
+        "measured peak in use",
+    ] {
+        assert!(svg.contains(text), "memory.svg lacks {text}");
+    }
+}
+
+#[test]
+fn find_batch_size_finds_the_largest_micro_batch_under_the_budget() {
+    let dir = temp("find");
+    let json = dir.join("found.json");
+    let mut args = vec![
+        "find-batch-size",
+        "--config",
+        "configs/f32.toml",
+        "--backend",
+        "cpu",
+        "--budget",
+        "40MiB",
+    ];
+    args.extend(SMALL);
+    let output_dir = format!("train.output_dir={}", arg(&dir));
+    let json_arg = arg(&json);
+    args.extend(["--set", &output_dir, "--json", &json_arg]);
+    let out = run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let found: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let limit = found["limit_bytes"].as_u64().unwrap();
+    assert_eq!(limit, (40.0 * 1024.0 * 1024.0 * 0.9) as u64);
+    let best = found["batch_size"].as_u64().unwrap();
+    let trials = found["trials"].as_array().unwrap();
+    let mut smallest_bad = u64::MAX;
+    for t in trials {
+        let (b, fits) = (
+            t["batch_size"].as_u64().unwrap(),
+            t["fits"].as_bool().unwrap(),
+        );
+        let peak = t["peak_bytes"].as_u64().unwrap();
+        assert_eq!(fits, peak <= limit, "{t}");
+        if fits {
+            assert!(b <= best, "{b} fits but {best} was reported");
+        } else {
+            smallest_bad = smallest_bad.min(b);
+        }
+    }
+    assert!(best > 1 && smallest_bad > best, "{found}");
+    assert!(
+        smallest_bad - best <= (best / 16).max(1),
+        "bisected: {found}"
+    );
+    let (b, k) = (
+        found["suggested_batch_size"].as_u64().unwrap(),
+        found["suggested_accum_steps"].as_u64().unwrap(),
+    );
+    assert_eq!(b * k, 128, "f32.toml's effective batch is kept");
+    assert!(b <= best, "{found}");
+    assert!(
+        (1..k).all(|j| 128 % j != 0 || 128 / j > best),
+        "{k} is not the fewest micro-batches: {found}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with(&format!("largest micro-batch that fits: {best} ")),
+        "{stdout}"
+    );
+    assert!(
+        !dir.join("find-batch-size").exists(),
+        "trial runs are cleaned up"
+    );
+}
+
+#[test]
+fn find_batch_size_on_the_cpu_needs_a_budget() {
+    let out = run(&[
+        "find-batch-size",
+        "--config",
+        "configs/f32.toml",
+        "--backend",
+        "cpu",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        "config error: --budget = (none): the CPU has no memory limit to find: give --budget \
+         SIZE or memory.budget\n"
+    );
+}

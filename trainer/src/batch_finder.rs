@@ -1,0 +1,177 @@
+//! `trainer find-batch-size`: the seed article's "halve the batch until the error goes away",
+//! done properly. Trial steps at growing, then bisected, micro-batch sizes, each in a fresh
+//! child process (a CUDA out-of-memory error is caught there and its memory released). On the
+//! CPU there is no device limit, so the budget decides: a trial fits when its measured peak is
+//! within the budget less a safety margin.
+
+use std::path::PathBuf;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::child;
+use crate::memory::human;
+
+/// One trial step.
+#[derive(Debug, Clone, Serialize)]
+pub struct Trial {
+    pub batch_size: usize,
+    /// Measured peak bytes, when the trial finished.
+    pub peak_bytes: Option<u64>,
+    pub fits: bool,
+    /// Why it does not fit: over the limit, or the run's own error (e.g. out of memory).
+    pub reason: Option<String>,
+}
+
+/// The search and its answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Found {
+    /// Bytes a trial may peak at: budget × (1 − margin); absent where only the device decides.
+    pub limit_bytes: Option<u64>,
+    pub trials: Vec<Trial>,
+    /// The largest micro-batch that fits.
+    pub batch_size: usize,
+    /// The config's samples per optimizer step, kept by the suggestion below.
+    pub effective_batch: usize,
+    /// Suggested `train.batch_size` (≤ the largest that fits, dividing the effective batch).
+    pub suggested_batch_size: usize,
+    /// Suggested `train.accum_steps`.
+    pub suggested_accum_steps: usize,
+}
+
+/// What to search.
+#[derive(Debug, Clone)]
+pub struct Search {
+    /// `--config` and `--set` arguments for every trial (the run's own flags).
+    pub args: Vec<String>,
+    /// Peak bytes a trial may reach; `None`: a trial fits when it does not run out of memory.
+    pub limit: Option<u64>,
+    /// The config's effective batch (batch_size × accum_steps).
+    pub effective_batch: usize,
+    /// Largest micro-batch tried.
+    pub max_batch: usize,
+    /// Where trial runs write (removed afterwards).
+    pub scratch: PathBuf,
+}
+
+/// Runs the trials and finds the largest micro-batch that fits.
+pub fn find(search: &Search) -> anyhow::Result<Found> {
+    let bar = ProgressBar::new_spinner().with_style(
+        ProgressStyle::with_template("{spinner} {elapsed} trial {pos}: {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    let mut trials: Vec<Trial> = Vec::new();
+    let mut trial = |b: usize| -> anyhow::Result<bool> {
+        bar.set_message(format!("micro-batch {b}"));
+        bar.inc(1);
+        let mut args = search.args.clone();
+        for set in [
+            format!("train.batch_size={b}"),
+            "train.accum_steps=1".into(),
+            "train.max_steps=1".into(),
+        ] {
+            args.extend(["--set".into(), set]);
+        }
+        args.push("--trial".into());
+        let dir = search.scratch.join(format!("batch-{b}"));
+        let t = match child::train(&args, &dir)? {
+            Ok(s) => {
+                let peak = s.memory.peak_bytes;
+                let over = matches!((peak, search.limit), (Some(p), Some(l)) if p > l);
+                Trial {
+                    batch_size: b,
+                    peak_bytes: peak,
+                    fits: !over,
+                    reason: over.then(|| "over the limit".into()),
+                }
+            }
+            Err(f) if f.out_of_memory() => Trial {
+                batch_size: b,
+                peak_bytes: None,
+                fits: false,
+                reason: Some(f.message),
+            },
+            Err(f) => anyhow::bail!("trial at micro-batch {b} failed: {}", f.message),
+        };
+        let fits = t.fits;
+        let line = format!(
+            "  micro-batch {:>5}: {:>10}  {}",
+            b,
+            t.peak_bytes.map_or("—".into(), human),
+            if fits { "fits" } else { "does not fit" }
+        );
+        // Shown with or without a terminal: the trials are the evidence for the answer.
+        bar.suspend(|| eprintln!("{line}"));
+        trials.push(t);
+        Ok(fits)
+    };
+    // Grow by doubling from 1 until a size does not fit, then bisect between the two.
+    let (mut good, mut bad) = (0usize, None);
+    let mut b = 1usize;
+    while b <= search.max_batch {
+        if trial(b)? {
+            good = b;
+            b *= 2;
+        } else {
+            bad = Some(b);
+            break;
+        }
+    }
+    if good == 0 {
+        bar.finish_and_clear();
+        anyhow::bail!("even a micro-batch of 1 does not fit: see the trial above");
+    }
+    if let Some(mut bad) = bad {
+        // To within 1/16 of the answer: finer steps cost trials and gain little.
+        while bad - good > (good / 16).max(1) {
+            let mid = good + (bad - good) / 2;
+            if trial(mid)? {
+                good = mid;
+            } else {
+                bad = mid;
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let _ = std::fs::remove_dir_all(&search.scratch);
+    let e = search.effective_batch;
+    // The fewest micro-batches that divide the effective batch exactly and each fit.
+    let k = (1..=e)
+        .find(|k| e.is_multiple_of(*k) && e / k <= good)
+        .unwrap_or(e);
+    Ok(Found {
+        limit_bytes: search.limit,
+        trials,
+        batch_size: good,
+        effective_batch: e,
+        suggested_batch_size: e / k,
+        suggested_accum_steps: k,
+    })
+}
+
+impl Found {
+    /// The answer for the terminal.
+    pub fn describe(&self, config: &str) -> String {
+        let mut out = format!("largest micro-batch that fits: {}", self.batch_size);
+        if let Some(p) = self
+            .trials
+            .iter()
+            .find(|t| t.batch_size == self.batch_size)
+            .and_then(|t| t.peak_bytes)
+        {
+            out.push_str(&format!(" (measured peak {})", human(p)));
+        }
+        if let Some(l) = self.limit_bytes {
+            out.push_str(&format!(", limit {}", human(l)));
+        }
+        out.push_str(&format!(
+            "\nto keep the effective batch of {}: batch_size = {}, accum_steps = {}\n  trainer --config {config} --set train.batch_size={} --set train.accum_steps={}\n",
+            self.effective_batch,
+            self.suggested_batch_size,
+            self.suggested_accum_steps,
+            self.suggested_batch_size,
+            self.suggested_accum_steps
+        ));
+        out
+    }
+}

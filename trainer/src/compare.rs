@@ -1,0 +1,133 @@
+//! `trainer compare`: runs each config in a fresh child process (so peaks do not mix), then
+//! reports them side by side. A config that fails gets a row with its error.
+
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::child::{self, unique_dir};
+use crate::config::{self, Purpose};
+use crate::memory::estimate::estimate;
+use crate::summary::Summary;
+
+/// One config's results; `--out`'s report.json holds a list of these.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Row {
+    /// The config file as given.
+    pub config: String,
+    /// Short name used on the chart.
+    pub name: String,
+    pub model: Option<String>,
+    pub backend: Option<String>,
+    pub precision: Option<String>,
+    /// Batch norm's dtype; absent for a model without batch norm.
+    pub batch_norm: Option<String>,
+    pub batch_size: Option<usize>,
+    pub accum_steps: Option<usize>,
+    pub predicted_peak_bytes: Option<u64>,
+    pub peak_bytes: Option<u64>,
+    pub reserved_peak_bytes: Option<u64>,
+    /// `heap` (CPU) or `cuda`: what `peak_bytes` counts.
+    pub memory_probe: Option<String>,
+    pub images_per_sec: Option<f64>,
+    pub final_train_loss: Option<f64>,
+    pub eval_accuracy: Option<f64>,
+    pub skipped_steps: Option<usize>,
+    /// Why the run failed; absent when it finished.
+    pub error: Option<String>,
+}
+
+impl Row {
+    fn finished(config: &Path, name: String, s: Summary) -> Self {
+        Self {
+            config: config.display().to_string(),
+            name,
+            model: Some(s.model),
+            backend: Some(s.backend),
+            precision: Some(s.precision),
+            batch_norm: s.batch_norm,
+            batch_size: Some(s.batch_size),
+            accum_steps: Some(s.accum_steps),
+            predicted_peak_bytes: Some(s.predicted_peak_bytes),
+            peak_bytes: s.memory.peak_bytes,
+            reserved_peak_bytes: s.memory.reserved_peak_bytes,
+            memory_probe: Some(s.memory.memory_probe),
+            images_per_sec: Some(s.images_per_sec),
+            final_train_loss: Some(s.final_train_loss),
+            eval_accuracy: Some(s.eval_accuracy),
+            skipped_steps: Some(s.skipped_steps),
+            error: None,
+        }
+    }
+
+    /// A failed run: what the config says, where it loads, and the error.
+    fn failed(config: &Path, name: String, sets: &[String], cpu: bool, error: String) -> Self {
+        let mut row = Self {
+            config: config.display().to_string(),
+            name,
+            error: Some(error),
+            ..Self::default()
+        };
+        if let Ok(s) = config::load_file_for(config, sets, Purpose::Train) {
+            row.model = Some(s.model.name());
+            row.precision = Some(s.precision.mode.name().into());
+            row.batch_size = Some(s.train.batch_size);
+            row.accum_steps = Some(s.train.accum_steps);
+            row.predicted_peak_bytes = Some(estimate(&s, cpu).predicted_peak(cpu));
+        }
+        row
+    }
+}
+
+/// What to compare and how.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Config files, in report order.
+    pub configs: Vec<PathBuf>,
+    /// Optimizer steps per config.
+    pub steps: usize,
+    /// `--backend` for every run, else each config's own.
+    pub backend: Option<String>,
+    /// `--set` overrides applied to every config.
+    pub sets: Vec<String>,
+    /// Where each run's folder and the reports go.
+    pub out: PathBuf,
+}
+
+/// Runs every config of `plan`, one child process each.
+pub fn run(plan: &Plan) -> anyhow::Result<Vec<Row>> {
+    let bar = ProgressBar::new(plan.configs.len() as u64).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} configs  {elapsed}  {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut overrides = plan.sets.clone();
+    if let Some(b) = &plan.backend {
+        overrides.push(format!("backend.kind={b}"));
+    }
+    overrides.push(format!("train.max_steps={}", plan.steps));
+    let cpu = plan.backend.as_deref() == Some("cpu");
+    let mut taken = Vec::new();
+    let mut rows = Vec::new();
+    for config in &plan.configs {
+        let name = config
+            .file_stem()
+            .map_or_else(|| "config".into(), |s| s.to_string_lossy().into_owned());
+        bar.set_message(name.clone());
+        let dir = unique_dir(&plan.out.join("runs"), &name, &mut taken);
+        let mut args = vec!["--config".to_string(), config.display().to_string()];
+        for set in &overrides {
+            args.extend(["--set".to_string(), set.clone()]);
+        }
+        rows.push(match child::train(&args, &dir)? {
+            Ok(summary) => Row::finished(config, name, summary),
+            Err(failure) => {
+                bar.suspend(|| eprintln!("{name}: {}", failure.message));
+                Row::failed(config, name, &overrides, cpu, failure.message)
+            }
+        });
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(rows)
+}

@@ -1,0 +1,246 @@
+//! Running out of memory, diagnosed: where it happened and the fixes ranked by how much the
+//! estimate says each one saves for this very config. Raised before training when the estimate
+//! exceeds `memory.budget`, and during training when a CUDA allocation fails. The binary prints
+//! it without a backtrace and exits with code 3; checkpoints are written atomically, so the last
+//! one is intact.
+
+use std::any::Any;
+use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use burn_models::PrecisionMode;
+
+use crate::checkpoint;
+use crate::config::{self, Checkpointing, ModelSpec, Purpose, Settings};
+use crate::memory::estimate::estimate;
+use crate::memory::{human, MemoryProbe, MemoryReport, Phase};
+
+/// One way to need less memory, with the estimate's peak after applying it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fix {
+    /// What changes, for people.
+    pub what: String,
+    /// The `--set` overrides that apply it.
+    pub sets: Vec<String>,
+    /// Predicted peak bytes with the fix.
+    pub peak: u64,
+    /// Predicted bytes saved.
+    pub saves: u64,
+}
+
+/// Out of memory, with a diagnosis.
+#[derive(Debug, thiserror::Error)]
+pub struct OutOfMemory {
+    /// When: "before training" or the training phase that failed.
+    pub phase: String,
+    /// What ran out: the budget, or the device's own message.
+    pub cause: String,
+    /// The estimate's peak for the config as it is.
+    pub predicted: u64,
+    /// `memory.budget`, when one is set.
+    pub budget: Option<u64>,
+    /// Largest predicted saving first.
+    pub fixes: Vec<Fix>,
+    /// Whether the last checkpoint is intact, or none was written.
+    pub checkpoint: String,
+}
+
+impl fmt::Display for OutOfMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "out of memory {}: {}", self.phase, self.cause)?;
+        writeln!(
+            f,
+            "predicted peak of this config: {}",
+            human(self.predicted)
+        )?;
+        if self.fixes.is_empty() {
+            writeln!(f, "no fix the estimate knows of lowers it")?;
+        } else {
+            writeln!(f, "fixes, largest predicted saving first:")?;
+        }
+        let width = self.fixes.iter().map(|x| x.what.chars().count()).max();
+        for fix in &self.fixes {
+            let fits = match self.budget {
+                Some(b) if fix.peak <= b => " (fits the budget)",
+                _ => "",
+            };
+            writeln!(
+                f,
+                "  {:<w$}  {:>11} → {:>10}{fits}  --set {}",
+                fix.what,
+                format!("−{}", human(fix.saves)),
+                human(fix.peak),
+                fix.sets.join(" --set "),
+                w = width.unwrap_or(0)
+            )?;
+        }
+        write!(f, "{}", self.checkpoint)
+    }
+}
+
+/// The fixes that lower the estimated peak of `settings`, largest saving first.
+pub fn fixes(settings: &Settings, cpu: bool) -> Vec<Fix> {
+    let now = estimate(settings, cpu).predicted_peak(cpu);
+    let t = &settings.train;
+    let mut candidates: Vec<(String, Vec<String>)> = Vec::new();
+    if settings.precision.mode == PrecisionMode::F32 {
+        candidates.push((
+            "f16 mixed precision".into(),
+            vec!["precision.mode=f16-mixed".into()],
+        ));
+    }
+    for factor in [2, 4] {
+        if t.batch_size.is_multiple_of(factor) {
+            let (b, k) = (t.batch_size / factor, t.accum_steps * factor);
+            candidates.push((
+                format!("batch {b} × accum {k}"),
+                vec![
+                    format!("train.batch_size={b}"),
+                    format!("train.accum_steps={k}"),
+                ],
+            ));
+        }
+    }
+    if settings.memory.checkpointing == Checkpointing::None {
+        candidates.push((
+            "activation checkpointing".into(),
+            vec!["memory.checkpointing=balanced".into()],
+        ));
+    }
+    if let ModelSpec::MobileNet(m) = &settings.model {
+        if m.width_multiplier > 0.5 {
+            candidates.push((
+                "MobileNet α 0.5 (a smaller model)".into(),
+                vec!["model.width_multiplier=0.5".into()],
+            ));
+        }
+    }
+    let mut fixes: Vec<Fix> = candidates
+        .into_iter()
+        .filter_map(|(what, sets)| {
+            let with = config::load_for(&settings.toml, &settings.path, &sets, Purpose::Estimate);
+            let peak = estimate(&with.ok()?, cpu).predicted_peak(cpu);
+            (peak < now).then(|| Fix {
+                what,
+                sets,
+                peak,
+                saves: now - peak,
+            })
+        })
+        .collect();
+    fixes.sort_by_key(|f| std::cmp::Reverse(f.saves));
+    fixes
+}
+
+/// The diagnosis for `settings` failing `phase` because of `cause`.
+pub fn diagnose(settings: &Settings, cpu: bool, phase: &str, cause: String) -> OutOfMemory {
+    OutOfMemory {
+        phase: phase.into(),
+        cause,
+        predicted: estimate(settings, cpu).predicted_peak(cpu),
+        budget: settings.memory.budget,
+        fixes: fixes(settings, cpu),
+        checkpoint: checkpoint::describe(&checkpoint::dir(&settings.train.output_dir)),
+    }
+}
+
+/// Before training: an error when the estimated peak exceeds `memory.budget`.
+pub fn check_budget(settings: &Settings, cpu: bool) -> Result<(), OutOfMemory> {
+    let Some(budget) = settings.memory.budget else {
+        return Ok(());
+    };
+    let predicted = estimate(settings, cpu).predicted_peak(cpu);
+    if predicted <= budget {
+        return Ok(());
+    }
+    let cause = format!("over memory.budget = {}", human(budget));
+    Err(diagnose(settings, cpu, "before training", cause))
+}
+
+/// The last phase boundary a training step passed (0: none yet).
+static LAST_PHASE: AtomicU8 = AtomicU8::new(0);
+
+/// A probe that also remembers the last phase boundary, to name the failing phase.
+pub struct Tracked<'a>(pub &'a mut dyn MemoryProbe);
+
+impl MemoryProbe for Tracked<'_> {
+    fn sample(&mut self, phase: Phase) {
+        LAST_PHASE.store(phase as u8 + 1, Relaxed);
+        self.0.sample(phase);
+    }
+    fn report(&self) -> MemoryReport {
+        self.0.report()
+    }
+}
+
+/// The phase that follows the last boundary passed.
+fn failing_phase() -> &'static str {
+    match LAST_PHASE.load(Relaxed) {
+        0 => "while setting up (model, data)",
+        x if x == Phase::AfterForward as u8 + 1 => "in backward",
+        x if x == Phase::AfterBackward as u8 + 1 => "in the optimizer step or the next forward",
+        _ => "in forward",
+    }
+}
+
+fn message(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+/// Whether a panic message is an allocation failure (CubeCL's, or the CUDA driver's).
+pub fn is_oom(message: &str) -> bool {
+    let m = message.to_lowercase();
+    ["out of memory", "out-of-memory", "outofmemory"]
+        .iter()
+        .any(|p| m.contains(p))
+}
+
+/// Runs `train`; an out-of-memory panic on any thread becomes an [`OutOfMemory`] diagnosis
+/// instead of a backtrace. Other panics go on as they were.
+pub fn catch<T>(
+    settings: &Settings,
+    cpu: bool,
+    train: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    static FIRST_OOM: Mutex<Option<String>> = Mutex::new(None);
+    let previous = std::sync::Arc::new(panic::take_hook());
+    let chained = previous.clone();
+    panic::set_hook(Box::new(move |info| {
+        let text = message(info.payload());
+        if is_oom(&text) {
+            if let Ok(mut first) = FIRST_OOM.lock() {
+                first.get_or_insert(text);
+            }
+        } else {
+            chained(info);
+        }
+    }));
+    let result = panic::catch_unwind(AssertUnwindSafe(train));
+    let _ = panic::take_hook();
+    if let Ok(hook) = std::sync::Arc::try_unwrap(previous) {
+        panic::set_hook(hook);
+    }
+    let first = FIRST_OOM.lock().ok().and_then(|mut f| f.take());
+    match (result, first) {
+        (Ok(Ok(v)), _) => Ok(v),
+        (Ok(Err(e)), None) => Err(e),
+        (Ok(Err(_)) | Err(_), Some(text)) => {
+            // CubeCL's message: a headline, "Caused by:" and a reason, then a backtrace.
+            let cause = text
+                .lines()
+                .take_while(|l| !l.starts_with("Backtrace"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ");
+            Err(diagnose(settings, cpu, failing_phase(), cause).into())
+        }
+        (Err(payload), None) => panic::resume_unwind(payload),
+    }
+}

@@ -1,0 +1,212 @@
+//! `trainer compare`'s outputs: a Markdown table (printed and `report.md`), `report.csv`,
+//! `report.json`, and `memory.svg`, a bar chart of measured and predicted peaks per config.
+
+use std::path::Path;
+
+use anyhow::Context;
+use plotters::prelude::*;
+
+use crate::compare::Row;
+use crate::memory::human;
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// The columns of the table and the CSV, with each row's cell.
+fn columns(r: &Row) -> [(&'static str, String); 13] {
+    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "—".into());
+    let bytes = |b: Option<u64>| b.map_or_else(|| "—".into(), human);
+    let batch = match (r.batch_size, r.accum_steps) {
+        (Some(b), Some(k)) => format!("{b} × {k}"),
+        _ => "—".into(),
+    };
+    [
+        ("config", r.name.clone()),
+        ("model", opt(&r.model)),
+        ("precision", opt(&r.precision)),
+        ("BN", r.batch_norm.clone().unwrap_or_else(|| "—".into())),
+        ("batch × accum", batch),
+        ("predicted", bytes(r.predicted_peak_bytes)),
+        ("peak in use", bytes(r.peak_bytes)),
+        (
+            "peak reserved",
+            match (&r.memory_probe, r.reserved_peak_bytes) {
+                (_, Some(b)) => human(b),
+                (Some(p), None) if p == "heap" => "n/a (heap)".into(),
+                _ => "—".into(),
+            },
+        ),
+        (
+            "images/s",
+            r.images_per_sec.map_or("—".into(), |v| format!("{v:.0}")),
+        ),
+        (
+            "final loss",
+            r.final_train_loss.map_or("—".into(), |v| format!("{v:.4}")),
+        ),
+        (
+            "eval acc",
+            r.eval_accuracy
+                .map_or("—".into(), |v| format!("{:.1}%", 100.0 * v)),
+        ),
+        (
+            "skipped",
+            r.skipped_steps.map_or("—".into(), |v| v.to_string()),
+        ),
+        ("error", r.error.clone().unwrap_or_default()),
+    ]
+}
+
+/// The comparison as a Markdown table.
+pub fn markdown(rows: &[Row]) -> String {
+    let Some(first) = rows.first() else {
+        return String::new();
+    };
+    let head: Vec<&str> = columns(first).iter().map(|(h, _)| *h).collect();
+    let mut out = format!("| {} |\n", head.join(" | "));
+    out.push_str(&format!("|{}\n", "---|".repeat(head.len())));
+    for r in rows {
+        let cells: Vec<String> = columns(r)
+            .into_iter()
+            .map(|(_, c)| c.replace('|', "\\|"))
+            .collect();
+        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+    }
+    out
+}
+
+/// The comparison as CSV, raw numbers (bytes, fractions) for other tools.
+pub fn csv(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "config,model,backend,precision,batch_norm,batch_size,accum_steps,predicted_peak_bytes,\
+         peak_bytes,reserved_peak_bytes,memory_probe,images_per_sec,final_train_loss,\
+         eval_accuracy,skipped_steps,error\n",
+    );
+    let s = |v: &Option<String>| quote(v.as_deref().unwrap_or(""));
+    let n = |v: Option<String>| v.unwrap_or_default();
+    for r in rows {
+        let cells = [
+            quote(&r.config),
+            s(&r.model),
+            s(&r.backend),
+            s(&r.precision),
+            s(&r.batch_norm),
+            n(r.batch_size.map(|v| v.to_string())),
+            n(r.accum_steps.map(|v| v.to_string())),
+            n(r.predicted_peak_bytes.map(|v| v.to_string())),
+            n(r.peak_bytes.map(|v| v.to_string())),
+            n(r.reserved_peak_bytes.map(|v| v.to_string())),
+            s(&r.memory_probe),
+            n(r.images_per_sec.map(|v| format!("{v:.1}"))),
+            n(r.final_train_loss.map(|v| format!("{v:.6}"))),
+            n(r.eval_accuracy.map(|v| format!("{v:.6}"))),
+            n(r.skipped_steps.map(|v| v.to_string())),
+            s(&r.error),
+        ];
+        out.push_str(&cells.join(","));
+        out.push('\n');
+    }
+    out
+}
+
+/// A CSV field, quoted when it holds a comma, quote or newline.
+fn quote(field: &str) -> String {
+    if field.contains([',', '"', '\n']) {
+        format!("\"{}\"", field.replace('"', "\"\""))
+    } else {
+        field.to_string()
+    }
+}
+
+/// Grouped bars per config: measured peak in use beside the estimate, in MiB.
+pub fn chart(rows: &[Row], title: &str, path: &Path) -> anyhow::Result<()> {
+    let width = (160 + 110 * rows.len() as u32).max(640);
+    let root = SVGBackend::new(path, (width, 520)).into_drawing_area();
+    let draw = |e: DrawingAreaErrorKind<std::io::Error>| anyhow::anyhow!("drawing the chart: {e}");
+    root.fill(&WHITE).map_err(draw)?;
+    let top = rows
+        .iter()
+        .flat_map(|r| [r.peak_bytes, r.predicted_peak_bytes])
+        .flatten()
+        .max()
+        .unwrap_or(1) as f64
+        / MIB;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(90)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..rows.len() as f64, 0f64..top * 1.15)
+        .map_err(draw)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(rows.len() * 2 + 1)
+        .x_label_formatter(&|x| {
+            let i = x.floor() as usize;
+            let centred = (x - i as f64 - 0.5).abs() < 1e-6;
+            match rows.get(i) {
+                Some(r) if centred => r.name.clone(),
+                _ => String::new(),
+            }
+        })
+        .y_desc("peak memory (MiB)")
+        .draw()
+        .map_err(draw)?;
+    type Value = fn(&Row) -> Option<u64>;
+    let series: [(&str, RGBAColor, f64, Value); 2] = [
+        ("measured peak in use", BLUE.mix(0.8), 0.1, |r| r.peak_bytes),
+        (
+            "predicted (trainer estimate)",
+            RGBColor(230, 140, 30).mix(0.8),
+            0.5,
+            |r| r.predicted_peak_bytes,
+        ),
+    ];
+    for (label, color, offset, value) in series {
+        let bars = rows.iter().enumerate().filter_map(|(i, r)| {
+            let x = i as f64 + offset;
+            value(r).map(|b| Rectangle::new([(x, 0.0), (x + 0.4, b as f64 / MIB)], color.filled()))
+        });
+        chart
+            .draw_series(bars)
+            .map_err(draw)?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    let failed = rows.iter().enumerate().filter(|(_, r)| r.error.is_some());
+    chart
+        .draw_series(failed.map(|(i, _)| {
+            Text::new(
+                "failed",
+                (i as f64 + 0.3, top * 0.05),
+                ("sans-serif", 14).into_font(),
+            )
+        }))
+        .map_err(draw)?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(draw)?;
+    root.present().map_err(draw)?;
+    Ok(())
+}
+
+/// Writes report.md, report.csv, report.json and memory.svg into `dir`.
+pub fn write_all(rows: &[Row], dir: &Path, heading: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+    };
+    write("report.md", format!("{heading}\n\n{}", markdown(rows)))?;
+    write("report.csv", csv(rows))?;
+    write("report.json", serde_json::to_string_pretty(rows)? + "\n")?;
+    chart(
+        rows,
+        "Peak memory per config: measured and predicted",
+        &dir.join("memory.svg"),
+    )
+}
