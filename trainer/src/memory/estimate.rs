@@ -103,16 +103,17 @@ fn dtype_bytes(settings: &Settings) -> (u64, u64) {
 }
 
 /// One op of the forward pass, per image: what it saves for backward (elements of the compute
-/// dtype, and of 8-byte max-pool indices), its input and output sizes, whether it is a
-/// convolution (the CPU backend runs bf16 convolutions through f32 copies), and whether what it
-/// saves is a ReLU's output (balanced checkpointing recomputes that instead of keeping it).
+/// dtype, and of 8-byte max-pool indices), its input and output sizes, the f32 elements the CPU
+/// backend's bf16 path converts in its backward (Flex runs bf16 conv, max-pool and matmul
+/// through f32 copies), and whether what it saves is a ReLU's output (balanced checkpointing
+/// recomputes that instead of keeping it).
 struct Op {
     group: String,
     saves: u64,
     indices: u64,
     input: u64,
     output: u64,
-    conv: bool,
+    bf16_f32: u64,
     after_relu: bool,
 }
 
@@ -123,7 +124,7 @@ fn op(group: &str, saves: u64, input: u64, output: u64) -> Op {
         indices: 0,
         input,
         output,
-        conv: false,
+        bf16_f32: 0,
         after_relu: false,
     }
 }
@@ -139,7 +140,8 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
             let weights = 3 * c * 9 + c + c * pooled * k + k;
             let ops = vec![
                 Op {
-                    conv: true,
+                    // x_backward and weight_backward each convert x and the output gradient.
+                    bf16_f32: 2 * (3 * s * s + c * s * s),
                     ..op(
                         "conv (keeps its input, the images)",
                         3 * s * s,
@@ -156,6 +158,8 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
                 Op {
                     indices: c * pooled,
                     after_relu: true,
+                    // x and the output gradient converted, the input gradient made in f32.
+                    bf16_f32: 2 * c * s * s + c * pooled,
                     ..op(
                         "max-pool (keeps its input and argmax indices)",
                         c * s * s,
@@ -163,7 +167,11 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
                         c * pooled,
                     )
                 },
-                op("linear (keeps its input)", c * pooled, c * pooled, k),
+                Op {
+                    // The weight gradient's matmul converts the input and the output gradient.
+                    bf16_f32: c * pooled + k,
+                    ..op("linear (keeps its input)", c * pooled, c * pooled, k)
+                },
             ];
             (ops, weights, 0, 0)
         }
@@ -177,7 +185,7 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
                 // Every conv but the stem's reads the previous ReLU's output.
                 let after_relu = !ops.is_empty();
                 ops.push(Op {
-                    conv: true,
+                    bf16_f32: 2 * (input + out),
                     after_relu,
                     ..op(group, input, input, out)
                 });
@@ -217,9 +225,9 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
 
 /// Bytes alive at the peak of backward beyond what the end of forward holds: walking the tape
 /// backwards, each op's saved tensors are freed after it, while the gradient arriving at its
-/// output and the one it produces for its input are alive. `conv_f32` adds the f32 copies that
-/// the CPU backend's bf16 convolution backward makes (Flex converts bf16 arguments to f32).
-fn backward_excess(ops: &[Op], b: u64, compute: u64, conv_f32: bool) -> u64 {
+/// output and the one it produces for its input are alive. `bf16_f32` adds the f32 copies that
+/// the CPU backend's bf16 kernels make (Flex converts bf16 arguments to f32).
+fn backward_excess(ops: &[Op], b: u64, compute: u64, bf16_f32: bool) -> u64 {
     let saved = |o: &Op| b * (o.saves * compute + o.indices * 8);
     let mut alive: u64 = ops.iter().map(saved).sum();
     let forward_end = alive;
@@ -230,9 +238,8 @@ fn backward_excess(ops: &[Op], b: u64, compute: u64, conv_f32: bool) -> u64 {
             // Checkpointed: the ReLU output is recomputed for this op's backward.
             in_flight += b * o.input * compute;
         }
-        if conv_f32 && o.conv {
-            // x_backward and weight_backward each convert x and the output gradient to f32.
-            in_flight += 2 * b * (o.input + o.output) * 4;
+        if bf16_f32 {
+            in_flight += b * o.bf16_f32 * 4;
         }
         peak = peak.max(alive + in_flight);
         alive -= saved(o);
@@ -297,10 +304,10 @@ pub fn estimate(settings: &Settings, cpu: bool) -> Estimate {
     }
     // Logits cast to f32, log-softmax output: small, but there.
     activations.push(line("logits and log-probabilities (f32)", 2 * b * 10, 4));
-    let conv_f32 = cpu && mode == burn_models::PrecisionMode::Bf16Mixed;
-    let excess = backward_excess(&ops, b, compute, conv_f32);
-    let what = if conv_f32 {
-        "backward: gradients in flight (+ CPU bf16 conv's f32 copies)"
+    let bf16_f32 = cpu && mode == burn_models::PrecisionMode::Bf16Mixed;
+    let excess = backward_excess(&ops, b, compute, bf16_f32);
+    let what = if bf16_f32 {
+        "backward: gradients in flight (+ CPU bf16 kernels' f32 copies)"
     } else {
         "backward: gradients in flight at its peak"
     };
