@@ -35,6 +35,10 @@ pub struct Cli {
     /// Training flags (the default command).
     #[command(flatten)]
     pub run: RunArgs,
+
+    /// Check the flags and load the config(s), then stop: nothing is trained or written.
+    #[arg(long, global = true)]
+    pub dry_run: bool,
 }
 
 /// What `trainer` can do besides training.
@@ -54,7 +58,8 @@ pub enum Command {
     #[command(after_help = "Examples:
   trainer compare configs/*.toml --backend cpu --steps 20
   trainer compare configs/f32.toml configs/amp.toml configs/amp-accum.toml --out runs/amp
-  trainer compare configs/mobilenet*.toml --set model.width_multiplier=0.5")]
+  trainer compare configs/mobilenet*.toml --set model.width_multiplier=0.5
+  trainer compare configs/f32.toml configs/amp.toml --sweep train.batch_size=32,64,128")]
     Compare(CompareArgs),
 
     /// Find the largest micro-batch that fits, by trial steps at growing then bisected sizes,
@@ -84,6 +89,10 @@ pub struct CompareArgs {
     /// Override one key in every config (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
+
+    /// Run every config once per value of one key, e.g. train.batch_size=32,64,128.
+    #[arg(long, value_name = "KEY=V1,V2,…")]
+    pub sweep: Option<String>,
 
     /// Folder for the reports and each run's outputs.
     #[arg(long, default_value = "runs/compare", value_name = "DIR")]

@@ -7,7 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::child::{self, unique_dir};
-use crate::config::{self, Purpose};
+use crate::config::{self, ConfigError, Purpose};
 use crate::memory::estimate::estimate;
 use crate::summary::Summary;
 
@@ -19,6 +19,8 @@ pub struct Row {
     /// Short name used on the chart.
     pub name: String,
     pub model: Option<String>,
+    /// Trainable parameters.
+    pub parameters: Option<usize>,
     pub backend: Option<String>,
     pub precision: Option<String>,
     /// Batch norm's dtype; absent for a model without batch norm.
@@ -44,6 +46,7 @@ impl Row {
             config: config.display().to_string(),
             name,
             model: Some(s.model),
+            parameters: Some(s.parameters),
             backend: Some(s.backend),
             precision: Some(s.precision),
             batch_norm: s.batch_norm,
@@ -71,10 +74,12 @@ impl Row {
         };
         if let Ok(s) = config::load_file_for(config, sets, Purpose::Train) {
             row.model = Some(s.model.name());
+            let e = estimate(&s, cpu);
+            row.parameters = Some(e.parameters as usize);
+            row.predicted_peak_bytes = Some(e.predicted_peak(cpu));
             row.precision = Some(s.precision.mode.name().into());
             row.batch_size = Some(s.train.batch_size);
             row.accum_steps = Some(s.train.accum_steps);
-            row.predicted_peak_bytes = Some(estimate(&s, cpu).predicted_peak(cpu));
         }
         row
     }
@@ -91,13 +96,80 @@ pub struct Plan {
     pub backend: Option<String>,
     /// `--set` overrides applied to every config.
     pub sets: Vec<String>,
+    /// `--sweep KEY=V1,V2,…`: every config runs once per value.
+    pub sweep: Option<Sweep>,
     /// Where each run's folder and the reports go.
     pub out: PathBuf,
 }
 
+/// One key tried at several values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sweep {
+    /// Dotted config key, e.g. `train.batch_size`.
+    pub key: String,
+    /// Its values, in order.
+    pub values: Vec<String>,
+}
+
+impl Sweep {
+    /// Parses `KEY=V1,V2,…`.
+    pub fn parse(arg: &str) -> Result<Self, ConfigError> {
+        let bad = || ConfigError::Value {
+            key: "--sweep",
+            value: arg.into(),
+            allowed: "expected KEY=V1,V2,…, e.g. --sweep train.batch_size=32,64,128".into(),
+        };
+        let (key, values) = arg.split_once('=').ok_or_else(bad)?;
+        let values: Vec<String> = values.split(',').map(|v| v.trim().to_string()).collect();
+        if key.trim().is_empty() || values.iter().any(String::is_empty) {
+            return Err(bad());
+        }
+        Ok(Self {
+            key: key.trim().into(),
+            values,
+        })
+    }
+
+    /// The last part of the key: `batch_size` for `train.batch_size`.
+    fn leaf(&self) -> &str {
+        self.key.rsplit('.').next().unwrap_or(&self.key)
+    }
+}
+
+/// Each run of a plan: config, row name, extra `--set`s.
+fn runs(plan: &Plan) -> Vec<(&PathBuf, String, Vec<String>)> {
+    let mut runs = Vec::new();
+    for config in &plan.configs {
+        let stem = config
+            .file_stem()
+            .map_or_else(|| "config".into(), |s| s.to_string_lossy().into_owned());
+        match &plan.sweep {
+            None => runs.push((config, stem, Vec::new())),
+            Some(sweep) => {
+                for v in &sweep.values {
+                    let name = format!("{stem} {}={v}", sweep.leaf());
+                    runs.push((config, name, vec![format!("{}={v}", sweep.key)]));
+                }
+            }
+        }
+    }
+    runs
+}
+
+/// Checks that every run's config loads, training nothing (`--dry-run`).
+pub fn check(plan: &Plan) -> Result<usize, ConfigError> {
+    let runs = runs(plan);
+    for (config, _, extra) in &runs {
+        let sets = [plan.sets.clone(), extra.clone()].concat();
+        config::load_file_for(config, &sets, Purpose::Train)?;
+    }
+    Ok(runs.len())
+}
+
 /// Runs every config of `plan`, one child process each.
 pub fn run(plan: &Plan) -> anyhow::Result<Vec<Row>> {
-    let bar = ProgressBar::new(plan.configs.len() as u64).with_style(
+    let runs = runs(plan);
+    let bar = ProgressBar::new(runs.len() as u64).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} configs  {elapsed}  {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
@@ -109,12 +181,14 @@ pub fn run(plan: &Plan) -> anyhow::Result<Vec<Row>> {
     let cpu = plan.backend.as_deref() == Some("cpu");
     let mut taken = Vec::new();
     let mut rows = Vec::new();
-    for config in &plan.configs {
-        let name = config
-            .file_stem()
-            .map_or_else(|| "config".into(), |s| s.to_string_lossy().into_owned());
+    for (config, name, extra) in runs {
         bar.set_message(name.clone());
-        let dir = unique_dir(&plan.out.join("runs"), &name, &mut taken);
+        let dir = unique_dir(
+            &plan.out.join("runs"),
+            &name.replace([' ', '='], "-"),
+            &mut taken,
+        );
+        let overrides = [overrides.clone(), extra].concat();
         let mut args = vec!["--config".to_string(), config.display().to_string()];
         for set in &overrides {
             args.extend(["--set".to_string(), set.clone()]);

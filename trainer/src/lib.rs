@@ -21,6 +21,7 @@ pub mod progress;
 pub mod report;
 pub mod schedule;
 pub mod step;
+pub mod step_log;
 pub mod summary;
 pub mod train;
 pub mod updates;

@@ -11,7 +11,7 @@ use trainer::backend::{
 };
 use trainer::batch_finder::{self, Search};
 use trainer::cli::{Cli, Command, CompareArgs, EstimateArgs, FindArgs, RunArgs};
-use trainer::compare::{self, Plan};
+use trainer::compare::{self, Plan, Sweep};
 use trainer::config::{self, Checkpointing, ConfigError, Purpose, Settings};
 use trainer::data::DataError;
 use trainer::memory::cuda::CudaProbe;
@@ -47,12 +47,19 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    let dry = cli.dry_run;
     match cli.command {
-        Some(Command::Estimate(args)) => estimate(args),
-        Some(Command::Compare(args)) => compare(args),
-        Some(Command::FindBatchSize(args)) => find_batch_size(args),
-        None => train_run(cli.run),
+        Some(Command::Estimate(args)) => estimate(args, dry),
+        Some(Command::Compare(args)) => compare(args, dry),
+        Some(Command::FindBatchSize(args)) => find_batch_size(args, dry),
+        None => train_run(cli.run, dry),
     }
+}
+
+/// `--dry-run`'s report: what was checked.
+fn dry_run_ok(what: &str) -> anyhow::Result<()> {
+    println!("dry run: {what}; nothing was run");
+    Ok(())
 }
 
 /// The config at `path` (else the embedded default) with `overrides` applied.
@@ -72,8 +79,11 @@ fn settings(
     }
 }
 
-fn estimate(args: EstimateArgs) -> anyhow::Result<()> {
+fn estimate(args: EstimateArgs, dry: bool) -> anyhow::Result<()> {
     let settings = settings(args.config.as_deref(), &args.overrides, Purpose::Estimate)?;
+    if dry {
+        return dry_run_ok(&format!("{} loads", settings.path.display()));
+    }
     let cpu = settings.backend == config::BackendKind::Cpu;
     let e = trainer::memory::estimate::estimate(&settings, cpu);
     print!("{}", e.table());
@@ -84,9 +94,12 @@ fn estimate(args: EstimateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn train_run(cli: RunArgs) -> anyhow::Result<()> {
+fn train_run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
     let overrides = cli.all_overrides();
     let settings = settings(cli.config.as_deref(), &overrides, Purpose::Train)?;
+    if dry {
+        return dry_run_ok(&format!("{} loads", settings.path.display()));
+    }
     if let Some(note) = &settings.precision.note {
         eprintln!("note: {note}");
     }
@@ -127,7 +140,7 @@ fn train_run(cli: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn compare(args: CompareArgs) -> anyhow::Result<()> {
+fn compare(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
     if args.steps == 0 {
         return Err(config::out_of_range("--steps", 0, "must be at least 1").into());
     }
@@ -137,8 +150,13 @@ fn compare(args: CompareArgs) -> anyhow::Result<()> {
         steps: args.steps,
         backend: backend.clone(),
         sets: args.overrides,
+        sweep: args.sweep.as_deref().map(Sweep::parse).transpose()?,
         out: args.out,
     };
+    if dry {
+        let n = compare::check(&plan)?;
+        return dry_run_ok(&format!("{n} runs, every config loads"));
+    }
     let rows = compare::run(&plan)?;
     let heading = format!(
         "`trainer compare {}` — {} optimizer steps per config, backend {}",
@@ -164,7 +182,7 @@ fn compare(args: CompareArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn find_batch_size(args: FindArgs) -> anyhow::Result<()> {
+fn find_batch_size(args: FindArgs, dry: bool) -> anyhow::Result<()> {
     let mut overrides = args.overrides.clone();
     if let Some(b) = args.backend {
         overrides.push(format!("backend.kind={}", format!("{b:?}").to_lowercase()));
@@ -180,6 +198,9 @@ fn find_batch_size(args: FindArgs) -> anyhow::Result<()> {
         ),
         None => settings.memory.budget,
     };
+    if dry {
+        return dry_run_ok(&format!("{} loads", settings.path.display()));
+    }
     let selected = backend::select(settings.backend, settings.cuda_index)?;
     if budget.is_none() && matches!(selected, Selected::Cpu) {
         return Err(config::out_of_range(

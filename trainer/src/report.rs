@@ -12,7 +12,7 @@ use crate::memory::human;
 const MIB: f64 = (1u64 << 20) as f64;
 
 /// The columns of the table and the CSV, with each row's cell.
-fn columns(r: &Row) -> [(&'static str, String); 13] {
+fn columns(r: &Row) -> [(&'static str, String); 14] {
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "—".into());
     let bytes = |b: Option<u64>| b.map_or_else(|| "—".into(), human);
     let batch = match (r.batch_size, r.accum_steps) {
@@ -22,6 +22,11 @@ fn columns(r: &Row) -> [(&'static str, String); 13] {
     [
         ("config", r.name.clone()),
         ("model", opt(&r.model)),
+        (
+            "params",
+            r.parameters
+                .map_or("—".into(), |p| format!("{:.2} M", p as f64 / 1e6)),
+        ),
         ("precision", opt(&r.precision)),
         ("BN", r.batch_norm.clone().unwrap_or_else(|| "—".into())),
         ("batch × accum", batch),
@@ -77,7 +82,7 @@ pub fn markdown(rows: &[Row]) -> String {
 /// The comparison as CSV, raw numbers (bytes, fractions) for other tools.
 pub fn csv(rows: &[Row]) -> String {
     let mut out = String::from(
-        "config,model,backend,precision,batch_norm,batch_size,accum_steps,predicted_peak_bytes,\
+        "config,name,model,parameters,backend,precision,batch_norm,batch_size,accum_steps,predicted_peak_bytes,\
          peak_bytes,reserved_peak_bytes,memory_probe,images_per_sec,final_train_loss,\
          eval_accuracy,skipped_steps,error\n",
     );
@@ -86,7 +91,9 @@ pub fn csv(rows: &[Row]) -> String {
     for r in rows {
         let cells = [
             quote(&r.config),
+            quote(&r.name),
             s(&r.model),
+            n(r.parameters.map(|v| v.to_string())),
             s(&r.backend),
             s(&r.precision),
             s(&r.batch_norm),

@@ -33,6 +33,7 @@ use crate::optim::Optim;
 use crate::progress::Progress;
 use crate::schedule::LrSchedule;
 use crate::step::{Outcome, Stepper, MAX_CONSECUTIVE_SKIPS};
+use crate::step_log::StepLog;
 use crate::summary::Summary;
 use crate::updates::Before;
 
@@ -128,6 +129,8 @@ where
     // Pure f16 has no master weights; how many updates round away is what it teaches.
     let track_updates = !p.mode.master_weights();
     let mut unchanged: Vec<f64> = Vec::new();
+    let mut log = StepLog::default();
+    let scaled = stepper.scaler.is_active();
     let done = |s: &Stepper<_, _>, epoch: usize| match t.max_steps {
         Some(max) => s.step >= max,
         None => epoch >= t.epochs,
@@ -152,8 +155,10 @@ where
                 |idx| batcher.batch::<B>(&splits.train, idx, &device),
             );
             let before = track_updates.then(|| Before::<B>::of(&model));
+            let (step, scale) = (stepper.step, stepper.scaler.scale());
             let outcome;
             (model, outcome) = stepper.apply(model, w.grads);
+            log.push(step, w.loss, scale, outcome);
             if settings.memory.free_cache == FreeCache::Step {
                 B::memory_cleanup(&device);
             }
@@ -176,6 +181,8 @@ where
             );
             if stepper.diverged() {
                 progress.finish();
+                // The log of what led up to it is the most useful thing to keep.
+                log.write(&t.output_dir, scaled)?;
                 anyhow::bail!(
                     "training diverged: the last {MAX_CONSECUTIVE_SKIPS} optimizer steps all had \
                      inf/NaN gradients (loss scale now {}, last loss {}); the weights were not \
@@ -208,6 +215,7 @@ where
             eval = Some(result);
             checkpoint::save(&checkpoint_dir, &model, &stepper.optim, &state)
                 .with_context(|| format!("saving checkpoint after epoch {}", state.epoch))?;
+            log.write(&t.output_dir, scaled)?;
         }
     }
     progress.finish();
@@ -232,6 +240,9 @@ where
         }
     };
 
+    if !options.trial {
+        log.write(&t.output_dir, scaled)?;
+    }
     let memory = probe.report();
     let predicted = estimate(settings, backend == "cpu").predicted_peak(backend == "cpu");
     Ok(Summary {

@@ -132,15 +132,21 @@ fn compare_runs_each_config_and_reports_failures_as_rows() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("| ")).collect();
     assert_eq!(rows.len(), 4, "header and three configs:\n{stdout}");
-    assert!(rows[0].starts_with("| config | model | precision | BN | batch × accum | predicted"));
-    assert!(rows[1].starts_with("| f32 | simple | f32 |"), "{}", rows[1]);
+    assert!(rows[0].starts_with(
+        "| config | model | params | precision | BN | batch × accum | predicted | peak in use"
+    ));
     assert!(
-        rows[2].starts_with("| amp | simple | f16-mixed |"),
+        rows[1].starts_with("| f32 | simple | 0.17 M | f32 |"),
+        "{}",
+        rows[1]
+    );
+    assert!(
+        rows[2].starts_with("| amp | simple | 0.17 M | f16-mixed |"),
         "{}",
         rows[2]
     );
     assert!(
-        rows[3].starts_with("| broken | — | — |")
+        rows[3].starts_with("| broken | — | — | — |")
             && rows[3].ends_with("| config error: train.batch_size = 0: must be at least 1 |"),
         "{}",
         rows[3]
@@ -166,6 +172,86 @@ fn compare_runs_each_config_and_reports_failures_as_rows() {
     ] {
         assert!(svg.contains(text), "memory.svg lacks {text}");
     }
+}
+
+#[test]
+fn compare_sweeps_one_key_and_dry_runs_without_training() {
+    let dir = temp("sweep");
+    let out = dir.join("report");
+    let base = [
+        "compare",
+        "configs/f32.toml",
+        "--backend",
+        "cpu",
+        "--steps",
+        "1",
+        "--sweep",
+        "train.batch_size=8,32",
+    ];
+    let out_arg = arg(&out);
+    let dry = run(&[&base[..], &["--out", &out_arg, "--dry-run"]].concat());
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    assert_eq!(
+        String::from_utf8_lossy(&dry.stdout),
+        "dry run: 2 runs, every config loads; nothing was run\n"
+    );
+    assert!(!out.exists(), "a dry run writes nothing");
+    let done = run(&[&base[..], &SMALL[..], &["--out", &out_arg]].concat());
+    assert!(done.status.success(), "{}", stderr(&done));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report[0]["name"], "f32 batch_size=8");
+    assert_eq!(report[1]["name"], "f32 batch_size=32");
+    assert_eq!(report[1]["batch_size"], 32);
+    assert!(report[0]["peak_bytes"].as_u64() < report[1]["peak_bytes"].as_u64());
+    let bad = run(&[
+        "compare",
+        "configs/f32.toml",
+        "--sweep",
+        "train.batch_size",
+        "--dry-run",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert_eq!(
+        stderr(&bad),
+        "config error: --sweep = train.batch_size: expected KEY=V1,V2,…, e.g. --sweep \
+         train.batch_size=32,64,128\n"
+    );
+}
+
+/// With loss scaling on, a run keeps its per-window log and draws the scale.
+#[test]
+fn a_scaled_run_logs_every_window_and_draws_the_scale() {
+    let dir = temp("steps");
+    let output_dir = format!("train.output_dir={}", arg(&dir));
+    let out = run(&[
+        "--config",
+        "configs/amp.toml",
+        "--backend",
+        "cpu",
+        "--max-steps",
+        "3",
+        "--set",
+        "train.batch_size=16",
+        "--set",
+        "data.train_size=64",
+        "--set",
+        "data.eval_size=16",
+        "--set",
+        &output_dir,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let csv = std::fs::read_to_string(dir.join("steps.csv")).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines[0], "window,step,loss,lr,loss_scale,skipped");
+    let taken = lines[1..].iter().filter(|l| l.ends_with(",false")).count();
+    assert_eq!(taken, 3, "three optimizer steps: {csv}");
+    assert!(
+        lines[1].starts_with("1,0,") && lines[1].contains(",65536,"),
+        "{csv}"
+    );
+    let svg = std::fs::read_to_string(dir.join("loss_scale.svg")).unwrap();
+    assert!(svg.contains("Dynamic loss scale per window"), "{svg}");
 }
 
 #[test]
