@@ -14,7 +14,7 @@ use trainer::cli::{Cli, Command, CompareArgs, EstimateArgs, FindArgs, RunArgs};
 use trainer::compare::{self, Plan, Sweep};
 use trainer::config::{self, Checkpointing, ConfigError, Purpose, Settings};
 use trainer::data::DataError;
-use trainer::memory::cuda::CudaProbe;
+use trainer::memory::cuda::{device_memory, CudaProbe};
 use trainer::memory::heap::{CountingAllocator, HeapProbe};
 use trainer::oom::{self, OutOfMemory, Tracked};
 use trainer::report;
@@ -107,6 +107,11 @@ fn train_run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
     let cpu = matches!(selected, Selected::Cpu);
     if !cli.trial {
         oom::check_budget(&settings, cpu)?;
+        if let Selected::Cuda(device) = &selected {
+            if let Some((free, total)) = device_memory(device.index) {
+                oom::check_free(&settings, &selected.name(), free, total)?;
+            }
+        }
     }
     let options = RunOptions {
         resume: cli.resume.as_deref(),

@@ -159,6 +159,25 @@ pub fn check_budget(settings: &Settings, cpu: bool) -> Result<(), OutOfMemory> {
     Err(diagnose(settings, cpu, "before training", cause))
 }
 
+/// Before training on CUDA: an error when the estimated peak exceeds the device's free memory.
+pub fn check_free(
+    settings: &Settings,
+    device: &str,
+    free: u64,
+    total: u64,
+) -> Result<(), OutOfMemory> {
+    let predicted = estimate(settings, false).predicted_peak(false);
+    if predicted <= free {
+        return Ok(());
+    }
+    let cause = format!(
+        "over the free memory of {device} ({} free of {})",
+        human(free),
+        human(total)
+    );
+    Err(diagnose(settings, false, "before training", cause))
+}
+
 /// The last phase boundary a training step passed (0: none yet).
 static LAST_PHASE: AtomicU8 = AtomicU8::new(0);
 

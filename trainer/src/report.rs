@@ -61,19 +61,25 @@ fn columns(r: &Row) -> [(&'static str, String); 14] {
     ]
 }
 
-/// The comparison as a Markdown table.
+/// The comparison as a Markdown table; "vs first" is each peak over the first row's.
 pub fn markdown(rows: &[Row]) -> String {
     let Some(first) = rows.first() else {
         return String::new();
     };
-    let head: Vec<&str> = columns(first).iter().map(|(h, _)| *h).collect();
+    let mut head: Vec<&str> = columns(first).iter().map(|(h, _)| *h).collect();
+    head.insert(8, "vs first");
     let mut out = format!("| {} |\n", head.join(" | "));
     out.push_str(&format!("|{}\n", "---|".repeat(head.len())));
     for r in rows {
-        let cells: Vec<String> = columns(r)
+        let mut cells: Vec<String> = columns(r)
             .into_iter()
             .map(|(_, c)| c.replace('|', "\\|"))
             .collect();
+        let ratio = match (r.peak_bytes, first.peak_bytes) {
+            (Some(p), Some(f)) if f > 0 => format!("{:.2}×", p as f64 / f as f64),
+            _ => "—".into(),
+        };
+        cells.insert(8, ratio);
         out.push_str(&format!("| {} |\n", cells.join(" | ")));
     }
     out

@@ -125,6 +125,10 @@ impl Summary {
                 bytes(self.memory.reserved_after_step_bytes),
             ),
             (
+                "device used peak",
+                bytes(self.memory.device_used_peak_bytes),
+            ),
+            (
                 "live after fwd/bwd/step",
                 format!(
                     "{} / {} / {}",

@@ -1,6 +1,8 @@
 //! The CUDA probe: CubeCL's memory usage for the device (bytes in use, bytes reserved), read
 //! after a device sync at each phase boundary. CubeCL keeps no peak, so the peak here is the
-//! largest sample: allocations that live only between two boundaries are not seen.
+//! largest sample: allocations that live only between two boundaries are not seen. The driver's
+//! free/total memory (cuMemGetInfo, what nvidia-smi shows) adds the device-wide used bytes:
+//! CubeCL's pools, the CUDA context and every other process on the device.
 
 use burn::backend::cuda::CudaDevice;
 use burn::backend::Cuda;
@@ -16,7 +18,28 @@ pub struct CudaProbe {
     in_use: u64,
     reserved: u64,
     reserved_after_step: u64,
+    device_used: Option<u64>,
     phases: PhaseMax,
+}
+
+/// The device's free and total bytes, from the driver. Binds device `index`'s primary context
+/// (the one CubeCL uses) to this thread first; `None` if the driver will not say.
+pub fn device_memory(index: usize) -> Option<(u64, u64)> {
+    use cudarc::driver::result;
+    let ask = || -> Option<(u64, u64)> {
+        result::init().ok()?;
+        let device = result::device::get(index as i32).ok()?;
+        // SAFETY: `device` is a valid handle from the driver; the primary context is retained
+        // for the life of the process, so the pointer made current stays valid.
+        unsafe {
+            let ctx = result::primary_ctx::retain(device).ok()?;
+            result::ctx::set_current(ctx).ok()?;
+        }
+        let (free, total) = result::mem_get_info().ok()?;
+        Some((free as u64, total as u64))
+    };
+    // cudarc panics when it cannot load the driver library.
+    std::panic::catch_unwind(ask).ok().flatten()
 }
 
 impl CudaProbe {
@@ -27,6 +50,7 @@ impl CudaProbe {
             in_use: 0,
             reserved: 0,
             reserved_after_step: 0,
+            device_used: None,
             phases: PhaseMax::default(),
         }
     }
@@ -44,6 +68,10 @@ impl MemoryProbe for CudaProbe {
         self.in_use = self.in_use.max(usage.bytes_in_use);
         self.reserved = self.reserved.max(usage.bytes_reserved);
         self.phases.record(phase, usage.bytes_in_use);
+        if let Some((free, total)) = device_memory(self.device.index) {
+            let used = total.saturating_sub(free);
+            self.device_used = Some(self.device_used.map_or(used, |u| u.max(used)));
+        }
         if phase == Phase::AfterStep {
             self.reserved_after_step = usage.bytes_reserved;
         }
@@ -55,6 +83,7 @@ impl MemoryProbe for CudaProbe {
             peak_bytes: Some(self.in_use),
             reserved_peak_bytes: Some(self.reserved),
             reserved_after_step_bytes: Some(self.reserved_after_step),
+            device_used_peak_bytes: self.device_used,
             live_after_forward_bytes: Some(self.phases.forward),
             live_after_backward_bytes: Some(self.phases.backward),
             live_after_step_bytes: Some(self.phases.step),

@@ -98,6 +98,7 @@ impl MemoryProbe for HeapProbe {
             peak_bytes: Some(self.peak),
             reserved_peak_bytes: None,
             reserved_after_step_bytes: None,
+            device_used_peak_bytes: None,
             live_after_forward_bytes: Some(self.phases.forward),
             live_after_backward_bytes: Some(self.phases.backward),
             live_after_step_bytes: Some(self.phases.step),

@@ -37,6 +37,9 @@ pub struct MemoryReport {
     /// Bytes the allocator still held after the last optimizer step (after `free_cache`'s
     /// cleanup, when it runs per step).
     pub reserved_after_step_bytes: Option<u64>,
+    /// CUDA: the most device memory in use at a sample, device-wide (total − free from the
+    /// driver, as nvidia-smi counts: the context and other processes included).
+    pub device_used_peak_bytes: Option<u64>,
     /// Largest live bytes seen right after a forward pass.
     pub live_after_forward_bytes: Option<u64>,
     /// Largest live bytes seen right after a backward pass.

@@ -141,3 +141,32 @@ fn fixes_are_ranked_by_predicted_saving() {
     ]);
     assert!(trainer::oom::fixes(&s, true).is_empty());
 }
+
+/// On CUDA the estimate is also checked against the device's free memory before training.
+#[test]
+fn a_peak_over_the_free_device_memory_is_diagnosed_before_training() {
+    let s = settings(&["model.name=mobilenet", "train.batch_size=64"]);
+    let e = trainer::oom::check_free(&s, "cuda:0", 1 << 20, 80 << 30).unwrap_err();
+    assert_eq!(
+        e.to_string().lines().next(),
+        Some("out of memory before training: over the free memory of cuda:0 (1.0 MiB free of 80.0 GiB)")
+    );
+    assert!(!e.fixes.is_empty());
+    assert!(trainer::oom::check_free(&s, "cuda:0", 80 << 30, 80 << 30).is_ok());
+}
+
+/// CubeCL's and the driver's wordings of an allocation failure are recognised; others are not.
+#[test]
+fn out_of_memory_panics_are_told_from_other_panics() {
+    use trainer::oom::is_oom;
+    assert!(is_oom(
+        "An out-of-memory error happened during launch\nCaused by:\n  ..."
+    ));
+    assert!(is_oom(
+        "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"
+    ));
+    assert!(is_oom("OutOfMemory { reason: .. }"));
+    assert!(!is_oom(
+        "index out of bounds: the len is 3 but the index is 7"
+    ));
+}
