@@ -102,13 +102,9 @@ pub struct CompareArgs {
 /// `trainer find-batch-size`
 #[derive(Debug, Args)]
 pub struct FindArgs {
-    /// TOML config file; without it, the embedded default.
-    #[arg(short, long, value_name = "PATH")]
-    pub config: Option<PathBuf>,
-
-    /// Override one config key (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub overrides: Vec<String>,
+    /// The config and its overrides.
+    #[command(flatten)]
+    pub config: ConfigArgs,
 
     /// Backend, overriding `backend.kind`.
     #[arg(long, value_enum)]
@@ -134,29 +130,33 @@ pub struct FindArgs {
 /// `trainer estimate`
 #[derive(Debug, Args)]
 pub struct EstimateArgs {
-    /// TOML config file; without it, the embedded default.
-    #[arg(short, long, value_name = "PATH")]
-    pub config: Option<PathBuf>,
-
-    /// Override one config key (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub overrides: Vec<String>,
+    /// The config and its overrides.
+    #[command(flatten)]
+    pub config: ConfigArgs,
 
     /// Also write the estimate as JSON to PATH.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
 }
 
-/// Flags of a training run.
+/// `--config` and `--set`, shared by every command that reads one config.
 #[derive(Debug, Args)]
-pub struct RunArgs {
-    /// TOML config file (see configs/README.md); without it, the embedded default runs.
+pub struct ConfigArgs {
+    /// TOML config file (see configs/README.md); without it, the embedded default.
     #[arg(short, long, value_name = "PATH")]
     pub config: Option<PathBuf>,
 
     /// Override one config key, e.g. `--set train.batch_size=32` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
+}
+
+/// Flags of a training run.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The config and its overrides.
+    #[command(flatten)]
+    pub config: ConfigArgs,
 
     /// Backend, overriding `backend.kind`.
     #[arg(long, value_enum)]
@@ -182,7 +182,7 @@ pub struct RunArgs {
 impl RunArgs {
     /// The `--set` list with the convenience flags folded in, in precedence order.
     pub fn all_overrides(&self) -> Vec<String> {
-        let mut all = self.overrides.clone();
+        let mut all = self.config.overrides.clone();
         if let Some(b) = self.backend {
             all.push(format!("backend.kind={}", format!("{b:?}").to_lowercase()));
         }

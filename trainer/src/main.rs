@@ -10,7 +10,7 @@ use trainer::backend::{
     self, CpuBackend, CpuCheckpointed, CudaBackend, CudaCheckpointed, Selected,
 };
 use trainer::batch_finder::{self, Search};
-use trainer::cli::{Cli, Command, CompareArgs, EstimateArgs, FindArgs, RunArgs};
+use trainer::cli::{Cli, Command, CompareArgs, ConfigArgs, EstimateArgs, FindArgs, RunArgs};
 use trainer::compare::{self, Plan, Sweep};
 use trainer::config::{self, Checkpointing, ConfigError, Purpose, Settings};
 use trainer::data::DataError;
@@ -80,7 +80,11 @@ fn settings(
 }
 
 fn estimate(args: EstimateArgs, dry: bool) -> anyhow::Result<()> {
-    let settings = settings(args.config.as_deref(), &args.overrides, Purpose::Estimate)?;
+    let settings = settings(
+        args.config.config.as_deref(),
+        &args.config.overrides,
+        Purpose::Estimate,
+    )?;
     if dry {
         return dry_run_ok(&format!("{} loads", settings.path.display()));
     }
@@ -96,7 +100,7 @@ fn estimate(args: EstimateArgs, dry: bool) -> anyhow::Result<()> {
 
 fn train_run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
     let overrides = cli.all_overrides();
-    let settings = settings(cli.config.as_deref(), &overrides, Purpose::Train)?;
+    let settings = settings(cli.config.config.as_deref(), &overrides, Purpose::Train)?;
     if dry {
         return dry_run_ok(&format!("{} loads", settings.path.display()));
     }
@@ -188,11 +192,18 @@ fn compare(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
 }
 
 fn find_batch_size(args: FindArgs, dry: bool) -> anyhow::Result<()> {
-    let mut overrides = args.overrides.clone();
+    let FindArgs {
+        config: ConfigArgs {
+            config,
+            overrides: sets,
+        },
+        ..
+    } = &args;
+    let mut overrides = sets.clone();
     if let Some(b) = args.backend {
         overrides.push(format!("backend.kind={}", format!("{b:?}").to_lowercase()));
     }
-    let settings = settings(args.config.as_deref(), &overrides, Purpose::Train)?;
+    let settings = settings(config.as_deref(), &overrides, Purpose::Train)?;
     if !(0.0..1.0).contains(&args.margin) {
         return Err(config::out_of_range("--margin", args.margin, "must be in [0, 1)").into());
     }
@@ -217,11 +228,11 @@ fn find_batch_size(args: FindArgs, dry: bool) -> anyhow::Result<()> {
     }
     let limit = budget.map(|b| (b as f64 * (1.0 - args.margin)) as u64);
     let mut trial_args = Vec::new();
-    if let Some(c) = &args.config {
+    if let Some(c) = config {
         trial_args.extend(["--config".to_string(), c.display().to_string()]);
     }
     trial_args.extend(["--backend".into(), selected_kind(&selected).into()]);
-    for set in &args.overrides {
+    for set in sets {
         trial_args.extend(["--set".to_string(), set.clone()]);
     }
     let search = Search {
@@ -232,11 +243,10 @@ fn find_batch_size(args: FindArgs, dry: bool) -> anyhow::Result<()> {
         scratch: settings.train.output_dir.join("find-batch-size"),
     };
     let found = batch_finder::find(&search)?;
-    let config = args
-        .config
+    let shown = config
         .as_ref()
         .map_or_else(|| "configs/amp.toml".into(), |c| c.display().to_string());
-    print!("{}", found.describe(&config));
+    print!("{}", found.describe(&shown));
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&found)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
