@@ -1,6 +1,8 @@
 //! End-to-end tests: the real `trainer` binary on the real configs, on the CPU backend.
 //!
 //! Table of contents:
+/// The book's commands parse and its figures exist.
+mod book;
 mod common;
 /// Bad configs, flags and data: exact messages and exit codes.
 mod errors;

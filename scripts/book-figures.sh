@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Re-runs every measurement the book (docs/src) quotes, on the CPU, and rewrites what the
+# chapters show between `<!-- figure NAME -->` and `<!-- /figure -->`: the command, its output
+# or its table, and its chart (docs/src/figures/NAME.svg). No number in the book is typed by
+# hand; this script is where they come from.
+# Usage: scripts/book-figures.sh [NAME...]   (default: every figure; ≈ 20 min on 2 cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -p trainer
+export PATH="$PWD/target/release:$PATH"
+export OOMLAB_NO_CUDA=1 # the book's figures are CPU figures; GPU tables are dated by hand
+figures=docs/src/figures
+work=target/book-figures
+mkdir -p "$figures" "$work"
+only=("$@")
+
+wanted() { [[ ${#only[@]} -eq 0 ]] || [[ " ${only[*]} " == *" $1 "* ]]; }
+
+# fill NAME FILE: the lines between NAME's markers in docs/src/*.md become FILE's.
+fill() {
+  local name=$1 file=$2 chapter
+  chapter=$(grep -l -- "<!-- figure $name -->" docs/src/*.md) || {
+    echo "book-figures: no <!-- figure $name --> marker in docs/src" >&2
+    exit 1
+  }
+  awk -v start="<!-- figure $name -->" -v file="$file" '
+    $0 == start { print; while ((getline line < file) > 0) print line; skip = 1; next }
+    skip && $0 == "<!-- /figure -->" { skip = 0 }
+    !skip { print }' "$chapter" >"$chapter.tmp"
+  mv "$chapter.tmp" "$chapter"
+  echo "book-figures: $name → $chapter"
+}
+
+# output NAME COMMAND...: the command and what it printed (stdout and stderr), whatever its
+# exit code (the out-of-memory diagnosis exits with 3 on purpose).
+output() {
+  local name=$1
+  shift
+  wanted "$name" || return 0
+  {
+    echo '```text'
+    echo "\$ $*"
+    "$@" 2>&1 || echo "(exit code $?)"
+    echo '```'
+  } >"$work/$name.md"
+  fill "$name" "$work/$name.md"
+}
+
+# config-diff NAME A B: what changes between two configs' keys, as a unified diff (comments
+# and timestamps left out).
+config-diff() {
+  local name=$1
+  wanted "$name" || return 0
+  keys() { sed -e '/^#/d' -e 's/[[:space:]]*#.*$//' "$1" | sed '/./,$!d'; }
+  {
+    echo '```diff'
+    # diff exits 1 when the files differ, which they do.
+    diff -u --label "$2" --label "$3" <(keys "$2") <(keys "$3") || true
+    echo '```'
+  } >"$work/$name.md"
+  fill "$name" "$work/$name.md"
+}
+
+# compare NAME ARGS...: `trainer compare ARGS --out target/book-figures/NAME`, its table and
+# its chart.
+compare() {
+  local name=$1
+  shift
+  wanted "$name" || return 0
+  trainer compare "$@" --out "$work/$name" >/dev/null
+  cp "$work/$name/memory.svg" "$figures/$name.svg"
+  {
+    echo '```sh'
+    echo "trainer compare $* --out $work/$name"
+    echo '```'
+    echo
+    tail -n +3 "$work/$name/report.md"
+    echo
+    echo "![Peak memory per config, measured and predicted](figures/$name.svg)"
+  } >"$work/$name.md"
+  fill "$name" "$work/$name.md"
+}
+
+# 1. Why training runs out of memory
+output estimate-simple trainer estimate --config configs/f32.toml
+output estimate-mobilenet trainer estimate --config configs/mobilenet.toml
+compare batch-sizes configs/f32.toml configs/mobilenet.toml --backend cpu --steps 2 \
+  --sweep train.batch_size=16,32,64,128,256 --set data.train_size=1024 --set data.eval_size=64
+
+# 2. Fix 1: smaller batch and gradient accumulation
+config-diff accum-diff configs/f32.toml configs/accum.toml
+compare accumulation configs/f32.toml configs/accum.toml configs/amp.toml \
+  configs/amp-accum.toml --backend cpu --steps 60
+
+# 3. Fix 2: mixed precision
+config-diff amp-diff configs/f32.toml configs/amp.toml
+compare mixed-precision configs/f32.toml configs/amp.toml configs/bf16.toml \
+  configs/f16-pure.toml configs/mobilenet.toml configs/mobilenet-amp.toml \
+  configs/mobilenet-bn16.toml --backend cpu --steps 60
+if wanted loss-scale; then
+  trainer --config configs/amp.toml --backend cpu --max-steps 200 \
+    --set precision.growth_interval=10 --set train.batch_size=32 \
+    --set train.output_dir="$work/loss-scale" >"$work/loss-scale.table"
+  cp "$work/loss-scale/loss_scale.svg" "$figures/loss-scale.svg"
+  {
+    echo '```sh'
+    echo "trainer --config configs/amp.toml --backend cpu --max-steps 200 \\"
+    echo "    --set precision.growth_interval=10 --set train.batch_size=32 \\"
+    echo "    --set train.output_dir=$work/loss-scale"
+    echo '```'
+    echo
+    echo '```text'
+    grep -E '^  (precision|loss scale|skipped steps|steps|eval accuracy) ' "$work/loss-scale.table"
+    echo '```'
+    echo
+    echo "![The loss scale over the run; red: skipped steps](figures/loss-scale.svg)"
+  } >"$work/loss-scale.md"
+  fill loss-scale "$work/loss-scale.md"
+fi
+
+# 4. Fix 3: a smaller model
+compare width configs/mobilenet.toml --backend cpu --steps 2 \
+  --sweep model.width_multiplier=1.0,0.5,0.25 --set data.train_size=512 --set data.eval_size=64
+
+# 5. Fix 4: freeing cached memory
+compare free-cache configs/amp.toml configs/amp-free-cache.toml --backend cpu --steps 40
+
+# 6. Beyond the article
+compare checkpointing configs/mobilenet.toml configs/mobilenet-checkpointing.toml \
+  --backend cpu --steps 20
+output find-batch-size trainer find-batch-size --config configs/mobilenet.toml --backend cpu \
+  --budget 512MiB --set data.train_size=1024 --set data.eval_size=64
+output oom-diagnosis trainer --config configs/mobilenet.toml --backend cpu \
+  --set memory.budget=100MiB
+
+# 7. Results: every shipped config, the f32 reference first so "vs first" is against it.
+compare results configs/f32.toml $(ls configs/*.toml | grep -v '^configs/f32.toml$') \
+  --backend cpu --steps 20
