@@ -132,8 +132,15 @@ fn quote(field: &str) -> String {
 
 /// Grouped bars per config: measured peak in use beside the estimate, in MiB.
 pub fn chart(rows: &[Row], title: &str, path: &Path) -> anyhow::Result<()> {
-    let width = (160 + 110 * rows.len() as u32).max(640);
-    let root = SVGBackend::new(path, (width, 520)).into_drawing_area();
+    // Each group is wide enough for its label (about 7 px a character at 12 px sans-serif).
+    let longest = rows
+        .iter()
+        .map(|r| r.name.chars().count())
+        .max()
+        .unwrap_or(0) as u32;
+    let group = (7 * longest + 16).max(110);
+    let width = (160 + group * rows.len() as u32).max(640);
+    let root = SVGBackend::new(path, (width, 480)).into_drawing_area();
     let draw = |e: DrawingAreaErrorKind<std::io::Error>| anyhow::anyhow!("drawing the chart: {e}");
     root.fill(&WHITE).map_err(draw)?;
     let top = rows
@@ -146,9 +153,10 @@ pub fn chart(rows: &[Row], title: &str, path: &Path) -> anyhow::Result<()> {
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))
         .margin(16)
-        .x_label_area_size(90)
+        .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d(0f64..rows.len() as f64, 0f64..top * 1.15)
+        // Headroom above the tallest bar for the legend.
+        .build_cartesian_2d(0f64..rows.len() as f64, 0f64..top * 1.3)
         .map_err(draw)?;
     chart
         .configure_mesh()
