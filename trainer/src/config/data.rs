@@ -1,0 +1,63 @@
+//! `[data]`: synthetic images or CIFAR-10 on disk.
+
+use std::path::PathBuf;
+
+use super::raw::{DataSource, RawData};
+use super::{out_of_range, ConfigError};
+
+/// The data to train on, validated.
+#[derive(Debug, Clone)]
+pub enum DataSpec {
+    /// Built-in synthetic images.
+    Synthetic {
+        train_size: usize,
+        eval_size: usize,
+        seed: u64,
+    },
+    /// CIFAR-10 binary files in a directory.
+    Cifar10 { path: PathBuf },
+}
+
+/// Checks `[data]` against the model's `input_size`.
+pub fn validate(d: &RawData, input_size: usize) -> Result<DataSpec, ConfigError> {
+    let data = match d.source {
+        DataSource::Synthetic => {
+            if d.path.is_some() {
+                return Err(ConfigError::Key {
+                    key: "data.path".into(),
+                    message: "applies only to data.source = \"cifar10\"".into(),
+                });
+            }
+            if d.train_size == 0 {
+                return Err(out_of_range("data.train_size", 0, "must be at least 1"));
+            }
+            if d.eval_size == 0 {
+                return Err(out_of_range("data.eval_size", 0, "must be at least 1"));
+            }
+            DataSpec::Synthetic {
+                train_size: d.train_size,
+                eval_size: d.eval_size,
+                seed: d.seed,
+            }
+        }
+        DataSource::Cifar10 => {
+            let Some(dir) = &d.path else {
+                return Err(ConfigError::Key {
+                    key: "data.path".into(),
+                    message: "is required when data.source = \"cifar10\" (the folder holding data_batch_1.bin … test_batch.bin)".into(),
+                });
+            };
+            if input_size != 32 {
+                return Err(out_of_range(
+                    "model.input_size",
+                    input_size,
+                    "CIFAR-10 images are 32×32: must be 32",
+                ));
+            }
+            DataSpec::Cifar10 {
+                path: PathBuf::from(dir),
+            }
+        }
+    };
+    Ok(data)
+}

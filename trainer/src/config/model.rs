@@ -1,0 +1,90 @@
+//! `[model]`: which network, its width, input size and classes.
+
+use burn_models::{MobileNetConfig, SimpleModelConfig};
+
+use super::raw::{ModelName, RawModel};
+use super::{out_of_range, ConfigError};
+
+/// The model to build, validated.
+#[derive(Debug, Clone)]
+pub enum ModelSpec {
+    /// The seed article's SimpleModel.
+    Simple(SimpleModelConfig),
+    /// MobileNetV1.
+    MobileNet(MobileNetConfig),
+}
+
+impl ModelSpec {
+    /// Short name used in reports.
+    pub fn name(&self) -> String {
+        match self {
+            Self::Simple(_) => "simple".into(),
+            Self::MobileNet(c) => format!("mobilenet(α={})", c.width_multiplier),
+        }
+    }
+}
+
+/// Checks `[model]` and builds the model's config.
+pub fn validate(m: &RawModel) -> Result<ModelSpec, ConfigError> {
+    if m.num_classes == 0 {
+        return Err(out_of_range("model.num_classes", 0, "must be at least 1"));
+    }
+    let model = match m.name {
+        ModelName::Simple => {
+            for (key, set) in [
+                ("model.width_multiplier", m.width_multiplier.is_some()),
+                ("model.stem_stride", m.stem_stride.is_some()),
+            ] {
+                if set {
+                    return Err(ConfigError::Key {
+                        key: key.into(),
+                        message: "applies only to model.name = \"mobilenet\"".into(),
+                    });
+                }
+            }
+            if m.input_size != burn_models::simple::SIMPLE_INPUT_SIZE {
+                return Err(out_of_range(
+                    "model.input_size",
+                    m.input_size,
+                    "SimpleModel takes 32×32 images: must be 32",
+                ));
+            }
+            ModelSpec::Simple(SimpleModelConfig::new().with_num_classes(m.num_classes))
+        }
+        ModelName::Mobilenet => {
+            let alpha = m.width_multiplier.unwrap_or(1.0);
+            if !(alpha > 0.0 && alpha <= 4.0) {
+                return Err(out_of_range(
+                    "model.width_multiplier",
+                    alpha,
+                    "must be in (0, 4], e.g. 1.0, 0.75, 0.5, 0.25",
+                ));
+            }
+            let stem_stride = m
+                .stem_stride
+                .unwrap_or(if m.input_size <= 64 { 1 } else { 2 });
+            if !(1..=2).contains(&stem_stride) {
+                return Err(out_of_range(
+                    "model.stem_stride",
+                    stem_stride,
+                    "must be 1 or 2",
+                ));
+            }
+            if m.input_size < 8 {
+                return Err(out_of_range(
+                    "model.input_size",
+                    m.input_size,
+                    "must be at least 8",
+                ));
+            }
+            ModelSpec::MobileNet(
+                MobileNetConfig::new()
+                    .with_width_multiplier(alpha)
+                    .with_input_size(m.input_size)
+                    .with_num_classes(m.num_classes)
+                    .with_stem_stride(stem_stride),
+            )
+        }
+    };
+    Ok(model)
+}

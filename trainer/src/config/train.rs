@@ -1,0 +1,125 @@
+//! `[train]`: batch, optimizer, learning-rate schedule, accumulation and clipping.
+
+use std::path::{Path, PathBuf};
+
+use super::raw::{OptimizerName, RawTrain, ScheduleName};
+use super::{out_of_range, ConfigError};
+
+/// `[train]`, validated.
+#[derive(Debug, Clone)]
+pub struct TrainSpec {
+    pub batch_size: usize,
+    pub epochs: usize,
+    pub max_steps: Option<usize>,
+    pub optimizer: OptimizerName,
+    pub lr: f64,
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub seed: u64,
+    pub output_dir: PathBuf,
+    /// Micro-batches per optimizer step.
+    pub accum_steps: usize,
+    pub lr_schedule: ScheduleName,
+    pub warmup_steps: usize,
+    pub min_lr: f64,
+    pub grad_clip_norm: Option<f64>,
+}
+
+impl TrainSpec {
+    /// Samples per optimizer step: `batch_size × accum_steps`.
+    pub fn effective_batch(&self) -> usize {
+        self.batch_size * self.accum_steps
+    }
+}
+
+/// Checks `[train]`; `path` (the config file) names the default output directory.
+pub fn validate(t: &RawTrain, path: &Path) -> Result<TrainSpec, ConfigError> {
+    if t.batch_size == 0 {
+        return Err(out_of_range("train.batch_size", 0, "must be at least 1"));
+    }
+    if t.epochs == 0 {
+        return Err(out_of_range("train.epochs", 0, "must be at least 1"));
+    }
+    if t.max_steps == Some(0) {
+        return Err(out_of_range(
+            "train.max_steps",
+            0,
+            "must be at least 1 (or left out)",
+        ));
+    }
+    if !(t.lr > 0.0 && t.lr.is_finite()) {
+        return Err(out_of_range(
+            "train.lr",
+            t.lr,
+            "must be a finite number > 0",
+        ));
+    }
+    if !(0.0..1.0).contains(&t.momentum) {
+        return Err(out_of_range(
+            "train.momentum",
+            t.momentum,
+            "must be in [0, 1)",
+        ));
+    }
+    if !(t.weight_decay >= 0.0 && t.weight_decay.is_finite()) {
+        return Err(out_of_range(
+            "train.weight_decay",
+            t.weight_decay,
+            "must be a finite number >= 0",
+        ));
+    }
+    if t.accum_steps == 0 {
+        return Err(out_of_range(
+            "train.accum_steps",
+            0,
+            "must be at least 1 (1 = no accumulation)",
+        ));
+    }
+    if !(t.min_lr >= 0.0 && t.min_lr <= t.lr) {
+        return Err(out_of_range(
+            "train.min_lr",
+            t.min_lr,
+            "must be in [0, train.lr]",
+        ));
+    }
+    if t.lr_schedule == ScheduleName::Constant && t.warmup_steps > 0 {
+        return Err(ConfigError::Key {
+            key: "train.warmup_steps".into(),
+            message: "applies only to train.lr_schedule = \"warmup-cosine\"".into(),
+        });
+    }
+    if let Some(c) = t.grad_clip_norm {
+        if !(c > 0.0 && c.is_finite()) {
+            return Err(out_of_range(
+                "train.grad_clip_norm",
+                c,
+                "must be a finite number > 0 (or left out)",
+            ));
+        }
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "run".into());
+    let output_dir = t
+        .output_dir
+        .clone()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("runs").join(stem));
+    Ok(TrainSpec {
+        batch_size: t.batch_size,
+        epochs: t.epochs,
+        max_steps: t.max_steps,
+        optimizer: t.optimizer,
+        lr: t.lr,
+        momentum: t.momentum,
+        weight_decay: t.weight_decay,
+        seed: t.seed,
+        output_dir,
+        accum_steps: t.accum_steps,
+        lr_schedule: t.lr_schedule,
+        warmup_steps: t.warmup_steps,
+        min_lr: t.min_lr,
+        grad_clip_norm: t.grad_clip_norm,
+    })
+}
