@@ -83,11 +83,20 @@ fn channel_mean<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
     x.mean_dim(0).mean_dim(2).mean_dim(3)
 }
 
-/// `[channels]` → `[1, channels, 1, 1]`, cast to `dtype`.
-fn per_channel<B: Backend>(v: FloatTensor<B>, dtype: DType) -> Tensor<B, 4> {
+/// `[channels]` → `[batch, channels, 1, 1]`, cast to `dtype`.
+fn per_channel<B: Backend>(v: FloatTensor<B>, dtype: DType, batch: usize) -> Tensor<B, 4> {
     let v: Tensor<B, 1> = cast(float(v), dtype);
     let c = v.dims()[0];
-    v.reshape([1, c, 1, 1])
+    rows(v.reshape([1, c, 1, 1]), batch)
+}
+
+/// `[1, channels, 1, 1]` → `[batch, channels, 1, 1]`, copied (`batch × channels` values).
+///
+/// Why: Flex's SIMD kernels broadcast a per-row scalar over `[batch, channels, h, w]` only when
+/// the scalars are laid out row by row; a `[1, channels, 1, 1]` operand (stride 0 on the batch)
+/// falls back to a scalar strided loop that made this op most of MobileNet's step time.
+fn rows<B: Backend>(v: Tensor<B, 4>, batch: usize) -> Tensor<B, 4> {
+    v.repeat_dim(0, batch)
 }
 
 fn flat<B: Backend>(v: Tensor<B, 4>) -> FloatTensor<B> {
@@ -104,13 +113,14 @@ fn forward<B: Backend>(
 ) -> Forward<B> {
     let x: Tensor<B, 4> = float(x);
     let dtype = x.dtype();
+    let n = x.dims()[0];
     let xw = cast(x, work);
     let mean = channel_mean(xw.clone());
-    let centered = xw - mean.clone();
+    let centered = xw - rows(mean.clone(), n);
     let var = channel_mean(centered.clone().square());
     let rstd = var.clone().add_scalar(epsilon).sqrt().recip();
-    let scale = rstd.clone() * per_channel(gamma, work);
-    let y = centered * scale + per_channel(beta, work);
+    let scale = rows(rstd.clone(), n) * per_channel(gamma, work, n);
+    let y = centered * scale + per_channel(beta, work, n);
     Forward {
         output: prim(cast(y, dtype)),
         mean: flat(mean),
@@ -131,13 +141,13 @@ fn backward<B: Backend>(
     let count = (n * h * w) as f64;
     let (x_dtype, param_dtype) = (x.dtype(), float::<B, 1>(gamma.clone()).dtype());
     let work = state.work;
-    let xhat = (cast(x, work) - per_channel(state.mean.clone(), work))
-        * per_channel(state.rstd.clone(), work);
+    let xhat = (cast(x, work) - per_channel(state.mean.clone(), work, n))
+        * per_channel(state.rstd.clone(), work, n);
     let dy = cast(float::<B, 4>(grad), work);
     let mean_dy = channel_mean(dy.clone());
     let mean_dy_xhat = channel_mean(dy.clone() * xhat.clone());
-    let scale = per_channel(gamma, work) * per_channel(state.rstd.clone(), work);
-    let dx = (dy - mean_dy.clone() - xhat * mean_dy_xhat.clone()) * scale;
+    let scale = per_channel(gamma, work, n) * per_channel(state.rstd.clone(), work, n);
+    let dx = (dy - rows(mean_dy.clone(), n) - xhat * rows(mean_dy_xhat.clone(), n)) * scale;
     // Σ = mean · count, scaled in f32 so a half working dtype cannot overflow here.
     let sum = |m: Tensor<B, 4>| {
         let m: Tensor<B, 1> = float(flat(m));
