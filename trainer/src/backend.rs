@@ -37,6 +37,14 @@ impl Selected {
             Self::Cuda(d) => format!("cuda:{}", d.index),
         }
     }
+
+    /// The `backend.kind` that selects this backend again (e.g. in a child process).
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            Self::Cpu => BackendKind::Cpu,
+            Self::Cuda(_) => BackendKind::Cuda,
+        }
+    }
 }
 
 /// `backend = "cuda"` where no usable GPU exists.

@@ -184,7 +184,7 @@ impl RunArgs {
     pub fn all_overrides(&self) -> Vec<String> {
         let mut all = self.config.overrides.clone();
         if let Some(b) = self.backend {
-            all.push(format!("backend.kind={}", format!("{b:?}").to_lowercase()));
+            all.push(format!("backend.kind={}", b.name()));
         }
         if let Some(n) = self.max_steps {
             all.push(format!("train.max_steps={n}"));

@@ -153,7 +153,7 @@ fn compare(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
     if args.steps == 0 {
         return Err(config::out_of_range("--steps", 0, "must be at least 1").into());
     }
-    let backend = args.backend.map(|b| format!("{b:?}").to_lowercase());
+    let backend = args.backend.map(|b| b.name().to_string());
     let plan = Plan {
         configs: args.configs,
         steps: args.steps,
@@ -201,7 +201,7 @@ fn find_batch_size(args: FindArgs, dry: bool) -> anyhow::Result<()> {
     } = &args;
     let mut overrides = sets.clone();
     if let Some(b) = args.backend {
-        overrides.push(format!("backend.kind={}", format!("{b:?}").to_lowercase()));
+        overrides.push(format!("backend.kind={}", b.name()));
     }
     let settings = settings(config.as_deref(), &overrides, Purpose::Train)?;
     if !(0.0..1.0).contains(&args.margin) {
@@ -231,7 +231,7 @@ fn find_batch_size(args: FindArgs, dry: bool) -> anyhow::Result<()> {
     if let Some(c) = config {
         trial_args.extend(["--config".to_string(), c.display().to_string()]);
     }
-    trial_args.extend(["--backend".into(), selected_kind(&selected).into()]);
+    trial_args.extend(["--backend".into(), selected.kind().name().into()]);
     for set in sets {
         trial_args.extend(["--set".to_string(), set.clone()]);
     }
@@ -252,12 +252,4 @@ fn find_batch_size(args: FindArgs, dry: bool) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
-}
-
-/// `--backend` value that makes a trial use the backend already selected here.
-fn selected_kind(selected: &Selected) -> &'static str {
-    match selected {
-        Selected::Cpu => "cpu",
-        Selected::Cuda(_) => "cuda",
-    }
 }

@@ -165,6 +165,17 @@ pub enum BackendKind {
     Cpu,
 }
 
+impl BackendKind {
+    /// The spelling of `backend.kind` and `--backend`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Cuda => "cuda",
+            Self::Cpu => "cpu",
+        }
+    }
+}
+
 /// `[backend]`
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
