@@ -148,15 +148,12 @@ pub fn diagnose(settings: &Settings, cpu: bool, phase: &str, cause: String) -> O
 
 /// Before training: an error when the estimated peak exceeds `memory.budget`.
 pub fn check_budget(settings: &Settings, cpu: bool) -> Result<(), OutOfMemory> {
-    let Some(budget) = settings.memory.budget else {
-        return Ok(());
-    };
-    let predicted = estimate(settings, cpu).predicted_peak(cpu);
-    if predicted <= budget {
-        return Ok(());
+    match settings.memory.budget {
+        Some(budget) => check_limit(settings, cpu, budget, || {
+            format!("over memory.budget = {}", human(budget))
+        }),
+        None => Ok(()),
     }
-    let cause = format!("over memory.budget = {}", human(budget));
-    Err(diagnose(settings, cpu, "before training", cause))
 }
 
 /// Before training on CUDA: an error when the estimated peak exceeds the device's free memory.
@@ -166,16 +163,26 @@ pub fn check_free(
     free: u64,
     total: u64,
 ) -> Result<(), OutOfMemory> {
-    let predicted = estimate(settings, false).predicted_peak(false);
-    if predicted <= free {
+    check_limit(settings, false, free, || {
+        format!(
+            "over the free memory of {device} ({} free of {})",
+            human(free),
+            human(total)
+        )
+    })
+}
+
+/// Before training: the diagnosis, with `cause`, when the estimated peak exceeds `limit`.
+fn check_limit(
+    settings: &Settings,
+    cpu: bool,
+    limit: u64,
+    cause: impl FnOnce() -> String,
+) -> Result<(), OutOfMemory> {
+    if estimate(settings, cpu).predicted_peak(cpu) <= limit {
         return Ok(());
     }
-    let cause = format!(
-        "over the free memory of {device} ({} free of {})",
-        human(free),
-        human(total)
-    );
-    Err(diagnose(settings, false, "before training", cause))
+    Err(diagnose(settings, cpu, "before training", cause()))
 }
 
 /// The last phase boundary a training step passed (0: none yet).
