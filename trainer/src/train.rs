@@ -219,7 +219,8 @@ where
         }
     }
     progress.finish();
-    // A run stopped by max_steps mid-epoch is still evaluated and checkpointed at its end.
+    // A run stopped by max_steps mid-epoch is still evaluated, checkpointed and logged at its
+    // end (at an epoch's end all three were done above).
     let eval = match eval {
         _ if options.trial => EvalResult {
             loss: f64::NAN,
@@ -229,6 +230,7 @@ where
         _ => {
             checkpoint::save(&checkpoint_dir, &model, &stepper.optim, &state)
                 .context("saving final checkpoint")?;
+            log.write(&t.output_dir, scaled)?;
             evaluate(
                 &model.valid(),
                 &splits.eval,
@@ -240,9 +242,6 @@ where
         }
     };
 
-    if !options.trial {
-        log.write(&t.output_dir, scaled)?;
-    }
     let memory = probe.report();
     let predicted = estimate(settings, backend == "cpu").predicted_peak(backend == "cpu");
     Ok(Summary {
