@@ -18,7 +18,7 @@ use trainer::memory::cuda::{device_memory, CudaProbe};
 use trainer::memory::heap::{CountingAllocator, HeapProbe};
 use trainer::oom::{self, OutOfMemory, Tracked};
 use trainer::report;
-use trainer::train::{train, RunOptions};
+use trainer::training::{train, RunOptions};
 
 /// Counts heap bytes so the CPU backend's memory peaks are exact.
 #[global_allocator]

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use burn_models::PrecisionMode;
 
-use crate::checkpoint;
+use crate::training::checkpoint;
 use crate::config::{self, Checkpointing, ModelSpec, Purpose, Settings};
 use crate::memory::estimate::estimate;
 use crate::memory::{human, MemoryProbe, MemoryReport, Phase};

@@ -3,8 +3,8 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::eval::EvalResult;
-use crate::step::Outcome;
+use crate::training::eval::EvalResult;
+use crate::training::step::Outcome;
 
 /// A bar over the run's optimizer steps.
 pub struct Progress {

@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::Context;
 use plotters::prelude::*;
 
-use crate::step::Outcome;
+use crate::training::step::Outcome;
 
 /// One window.
 #[derive(Debug, Clone, Copy)]

@@ -8,15 +8,15 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::DType;
 use burn_models::Precision;
-use trainer::accumulate::window_gradients;
+use trainer::training::accumulate::window_gradients;
 use trainer::config::{load_str, Settings};
 use trainer::data::{generate, Batcher, ImageSet};
-use trainer::loss_scale::LossScaler;
+use trainer::training::loss_scale::LossScaler;
 use trainer::memory::NullProbe;
 use trainer::model::Classifier;
-use trainer::optim::Optim;
-use trainer::schedule::LrSchedule;
-use trainer::step::Stepper;
+use trainer::training::optim::Optim;
+use trainer::training::schedule::LrSchedule;
+use trainer::training::step::Stepper;
 
 pub type B = Autodiff<Flex>;
 
@@ -72,7 +72,7 @@ pub fn grads(
     scale: f64,
 ) -> GradientsParams {
     let g = scaled_grads(model, window, batch, policy, scale);
-    trainer::grads::scale(model, g, 1.0 / scale)
+    trainer::training::grads::scale(model, g, 1.0 / scale)
 }
 
 /// Gradients and mean loss over `window` as one batch; `round_input` rounds the images to that
@@ -101,7 +101,7 @@ pub fn grads_and_loss(
             (x, y)
         },
     );
-    (trainer::grads::scale(model, w.grads, 1.0 / scale), w.loss)
+    (trainer::training::grads::scale(model, w.grads, 1.0 / scale), w.loss)
 }
 
 /// ‖a − b‖ / ‖b‖ over all gradients of `model` taken as one vector.

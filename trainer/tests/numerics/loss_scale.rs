@@ -3,8 +3,8 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use trainer::checkpoint::{self, LoopState};
-use trainer::step::Outcome;
+use trainer::training::checkpoint::{self, LoopState};
+use trainer::training::step::Outcome;
 
 use crate::common::*;
 
@@ -157,6 +157,6 @@ fn scaler_state_round_trips_through_a_checkpoint() {
 
 fn stepper_for_resume(
     s: &trainer::config::Settings,
-) -> trainer::optim::Optim<trainer::model::Classifier<B>, B> {
-    trainer::optim::Optim::new(&s.train)
+) -> trainer::training::optim::Optim<trainer::model::Classifier<B>, B> {
+    trainer::training::optim::Optim::new(&s.train)
 }

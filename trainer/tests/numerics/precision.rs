@@ -2,7 +2,7 @@
 
 use burn::tensor::DType;
 use burn_models::{cast_params, PrecisionMode};
-use trainer::step::Outcome;
+use trainer::training::step::Outcome;
 
 use crate::common::*;
 

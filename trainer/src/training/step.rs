@@ -6,10 +6,10 @@ use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::grads;
-use crate::loss_scale::{LossScaler, Verdict};
-use crate::optim::Optim;
-use crate::schedule::LrSchedule;
+use super::grads;
+use super::loss_scale::{LossScaler, Verdict};
+use super::optim::Optim;
+use super::schedule::LrSchedule;
 
 /// What happened to one window's gradients.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -12,6 +12,17 @@
 //! `share` is the micro-batch's fraction of the window's samples: with a short last window
 //! that is what `loss / k` gets wrong.
 
+
+pub mod accumulate;
+pub mod checkpoint;
+pub mod eval;
+pub mod grads;
+pub mod loss_scale;
+pub mod lost_updates;
+pub mod optim;
+pub mod schedule;
+pub mod step;
+
 use std::path::Path;
 use std::time::Instant;
 
@@ -20,22 +31,22 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use burn_models::{cast_params, dtype_name, BatchNormBackend, PrecisionMode};
 
-use crate::accumulate::{window_gradients, Windows};
-use crate::checkpoint::{self, LoopState};
+use accumulate::{window_gradients, Windows};
+use checkpoint::LoopState;
 use crate::config::{unsupported_dtype, FreeCache, Settings};
 use crate::data::{self, shuffled, Batcher};
-use crate::eval::{evaluate, EvalResult};
-use crate::loss_scale::LossScaler;
+use eval::{evaluate, EvalResult};
+use loss_scale::LossScaler;
 use crate::memory::estimate::estimate;
 use crate::memory::{MemoryProbe, Phase};
 use crate::model::Classifier;
-use crate::optim::Optim;
+use optim::Optim;
 use crate::progress::Progress;
-use crate::schedule::LrSchedule;
-use crate::step::{Outcome, Stepper, MAX_CONSECUTIVE_SKIPS};
+use schedule::LrSchedule;
+use step::{Outcome, Stepper, MAX_CONSECUTIVE_SKIPS};
 use crate::step_log::StepLog;
 use crate::summary::Summary;
-use crate::updates::Before;
+use lost_updates::Before;
 
 /// How many of the last step losses the summary's "final train loss" averages.
 const LOSS_WINDOW: usize = 20;

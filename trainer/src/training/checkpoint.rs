@@ -11,8 +11,8 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
-use crate::loss_scale::ScalerState;
-use crate::optim::Optim;
+use super::loss_scale::ScalerState;
+use super::optim::Optim;
 
 /// Where the loop stood when the checkpoint was written.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
