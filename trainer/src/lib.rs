@@ -10,7 +10,6 @@ pub mod data;
 pub mod malloc;
 pub mod memory;
 pub mod model;
-pub mod oom;
 pub mod progress;
 pub mod report;
 pub mod step_log;

@@ -16,7 +16,8 @@ use trainer::config::{self, Checkpointing, ConfigError, Purpose, Settings};
 use trainer::data::DataError;
 use trainer::memory::cuda::{device_memory, CudaProbe};
 use trainer::memory::heap::{CountingAllocator, HeapProbe};
-use trainer::oom::{self, OutOfMemory, Tracked};
+use trainer::memory::catch::{self, Tracked};
+use trainer::memory::diagnosis::{self, OutOfMemory};
 use trainer::report;
 use trainer::training::{train, RunOptions};
 
@@ -110,10 +111,10 @@ fn train_run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
     let selected = backend::select(settings.backend, settings.cuda_index)?;
     let cpu = matches!(selected, Selected::Cpu);
     if !cli.trial {
-        oom::check_budget(&settings, cpu)?;
+        diagnosis::check_budget(&settings, cpu)?;
         if let Selected::Cuda(device) = &selected {
             if let Some((free, total)) = device_memory(device.index) {
-                oom::check_free(&settings, &selected.name(), free, total)?;
+                diagnosis::check_free(&settings, &selected.name(), free, total)?;
             }
         }
     }
@@ -124,7 +125,7 @@ fn train_run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
     let name = selected.name();
     let balanced = settings.memory.checkpointing == Checkpointing::Balanced;
     let s = &settings;
-    let summary = oom::catch(s, cpu, || match &selected {
+    let summary = catch::catch(s, cpu, || match &selected {
         Selected::Cpu => {
             let (mut heap, device) = (HeapProbe::default(), Default::default());
             let probe = &mut Tracked(&mut heap);

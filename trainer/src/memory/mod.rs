@@ -7,6 +7,8 @@
 
 pub mod cuda;
 pub mod estimate;
+pub mod catch;
+pub mod diagnosis;
 pub mod heap;
 
 use serde::{Deserialize, Serialize};

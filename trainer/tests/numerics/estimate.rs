@@ -96,7 +96,7 @@ fn fixes_are_ranked_by_predicted_saving() {
         "train.batch_size=128",
     ]);
     let now = estimate(&s, true).predicted_peak(true);
-    let fixes = trainer::oom::fixes(&s, true);
+    let fixes = trainer::memory::diagnosis::fixes(&s, true);
     let names: Vec<&str> = fixes.iter().map(|f| f.what.as_str()).collect();
     for expected in [
         "f16 mixed precision",
@@ -139,26 +139,26 @@ fn fixes_are_ranked_by_predicted_saving() {
         "memory.checkpointing=balanced",
         "train.batch_size=3",
     ]);
-    assert!(trainer::oom::fixes(&s, true).is_empty());
+    assert!(trainer::memory::diagnosis::fixes(&s, true).is_empty());
 }
 
 /// On CUDA the estimate is also checked against the device's free memory before training.
 #[test]
 fn a_peak_over_the_free_device_memory_is_diagnosed_before_training() {
     let s = settings(&["model.name=mobilenet", "train.batch_size=64"]);
-    let e = trainer::oom::check_free(&s, "cuda:0", 1 << 20, 80 << 30).unwrap_err();
+    let e = trainer::memory::diagnosis::check_free(&s, "cuda:0", 1 << 20, 80 << 30).unwrap_err();
     assert_eq!(
         e.to_string().lines().next(),
         Some("out of memory before training: over the free memory of cuda:0 (1.0 MiB free of 80.0 GiB)")
     );
     assert!(!e.fixes.is_empty());
-    assert!(trainer::oom::check_free(&s, "cuda:0", 80 << 30, 80 << 30).is_ok());
+    assert!(trainer::memory::diagnosis::check_free(&s, "cuda:0", 80 << 30, 80 << 30).is_ok());
 }
 
 /// CubeCL's and the driver's wordings of an allocation failure are recognised; others are not.
 #[test]
 fn out_of_memory_panics_are_told_from_other_panics() {
-    use trainer::oom::is_oom;
+    use trainer::memory::catch::is_oom;
     assert!(is_oom(
         "An out-of-memory error happened during launch\nCaused by:\n  ..."
     ));
