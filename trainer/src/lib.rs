@@ -1,17 +1,14 @@
 //! oomlab's trainer: configuration, data, the training loop and its reports.
 
 pub mod backend;
-pub mod batch_finder;
-pub mod child;
 pub mod cli;
-pub mod compare;
+pub mod commands;
 pub mod config;
 pub mod data;
 pub mod malloc;
 pub mod memory;
 pub mod model;
 pub mod progress;
-pub mod report;
 pub mod step_log;
 pub mod summary;
 pub mod training;

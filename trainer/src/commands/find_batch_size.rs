@@ -9,7 +9,13 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::child;
+use anyhow::Context;
+
+use super::child;
+use super::{dry_run_ok, settings};
+use crate::backend::{self, Selected};
+use crate::cli::{ConfigArgs, FindArgs};
+use crate::config::{self, Purpose};
 use crate::memory::human;
 
 /// One trial step.
@@ -174,4 +180,68 @@ impl Found {
         ));
         out
     }
+}
+
+/// `trainer find-batch-size`: checks the flags, runs the search and prints the answer.
+pub fn command(args: FindArgs, dry: bool) -> anyhow::Result<()> {
+    let FindArgs {
+        config: ConfigArgs {
+            config,
+            overrides: sets,
+        },
+        ..
+    } = &args;
+    let mut overrides = sets.clone();
+    if let Some(b) = args.backend {
+        overrides.push(format!("backend.kind={}", b.name()));
+    }
+    let settings = settings(config.as_deref(), &overrides, Purpose::Train)?;
+    if !(0.0..1.0).contains(&args.margin) {
+        return Err(config::out_of_range("--margin", args.margin, "must be in [0, 1)").into());
+    }
+    let budget = match &args.budget {
+        Some(text) => Some(
+            config::parse_size(text)
+                .ok_or_else(|| config::out_of_range("--budget", text, config::SIZE_HELP))?,
+        ),
+        None => settings.memory.budget,
+    };
+    if dry {
+        return dry_run_ok(&format!("{} loads", settings.path.display()));
+    }
+    let selected = backend::select(settings.backend, settings.cuda_index)?;
+    if budget.is_none() && matches!(selected, Selected::Cpu) {
+        return Err(config::out_of_range(
+            "--budget",
+            "(none)",
+            "the CPU has no memory limit to find: give --budget SIZE or memory.budget",
+        )
+        .into());
+    }
+    let limit = budget.map(|b| (b as f64 * (1.0 - args.margin)) as u64);
+    let mut trial_args = Vec::new();
+    if let Some(c) = config {
+        trial_args.extend(["--config".to_string(), c.display().to_string()]);
+    }
+    trial_args.extend(["--backend".into(), selected.kind().name().into()]);
+    for set in sets {
+        trial_args.extend(["--set".to_string(), set.clone()]);
+    }
+    let search = Search {
+        args: trial_args,
+        limit,
+        effective_batch: settings.train.effective_batch(),
+        max_batch: args.max_batch.max(1),
+        scratch: settings.train.output_dir.join("find-batch-size"),
+    };
+    let found = find(&search)?;
+    let shown = config
+        .as_ref()
+        .map_or_else(|| "configs/amp.toml".into(), |c| c.display().to_string());
+    print!("{}", found.describe(&shown));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&found)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }

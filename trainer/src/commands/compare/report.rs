@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 use plotters::prelude::*;
 
-use crate::compare::Row;
+use super::Row;
 use crate::memory::human;
 
 const MIB: f64 = (1u64 << 20) as f64;

@@ -9,7 +9,7 @@ use anyhow::Context;
 
 use crate::summary::Summary;
 
-/// The exit code of a run that ran out of memory (see [`crate::oom`]).
+/// The exit code of a run that ran out of memory (see [`crate::memory::diagnosis`]).
 pub const EXIT_OUT_OF_MEMORY: i32 = 3;
 
 /// A child run that did not finish.

@@ -1,12 +1,16 @@
 //! `trainer compare`: runs each config in a fresh child process (so peaks do not mix), then
 //! reports them side by side. A config that fails gets a row with its error.
 
+pub mod report;
+
 use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::child::{self, unique_dir};
+use super::child::{self, unique_dir};
+use super::dry_run_ok;
+use crate::cli::CompareArgs;
 use crate::config::{self, ConfigError, Purpose};
 use crate::memory::estimate::estimate;
 use crate::summary::Summary;
@@ -204,4 +208,47 @@ pub fn run(plan: &Plan) -> anyhow::Result<Vec<Row>> {
     }
     bar.finish_and_clear();
     Ok(rows)
+}
+
+/// `trainer compare`: runs the plan, prints the table and writes the reports.
+pub fn command(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
+    if args.steps == 0 {
+        return Err(config::out_of_range("--steps", 0, "must be at least 1").into());
+    }
+    let backend = args.backend.map(|b| b.name().to_string());
+    let plan = Plan {
+        configs: args.configs,
+        steps: args.steps,
+        backend: backend.clone(),
+        sets: args.overrides,
+        sweep: args.sweep.as_deref().map(Sweep::parse).transpose()?,
+        out: args.out,
+    };
+    if dry {
+        let n = check(&plan)?;
+        return dry_run_ok(&format!("{n} runs, every config loads"));
+    }
+    let rows = run(&plan)?;
+    let heading = format!(
+        "`trainer compare {}` — {} optimizer steps per config, backend {}",
+        plan.configs
+            .iter()
+            .map(|c| c.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
+        plan.steps,
+        backend.as_deref().unwrap_or("as each config says")
+    );
+    print!("{}", report::markdown(&rows));
+    report::write_all(&rows, &plan.out, &heading)?;
+    let failed = rows.iter().filter(|r| r.error.is_some()).count();
+    println!(
+        "{} configs, {failed} failed; report.md, report.csv, report.json and memory.svg in {}",
+        rows.len(),
+        plan.out.display()
+    );
+    if failed == rows.len() {
+        anyhow::bail!("every config failed (see the error column)");
+    }
+    Ok(())
 }

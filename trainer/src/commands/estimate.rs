@@ -1,0 +1,27 @@
+//! `trainer estimate`: the analytic memory breakdown of a config, without training.
+
+use anyhow::Context;
+
+use super::{dry_run_ok, settings};
+use crate::cli::EstimateArgs;
+use crate::config::{self, Purpose};
+
+/// Prints the estimate table (and writes `--json`).
+pub fn run(args: EstimateArgs, dry: bool) -> anyhow::Result<()> {
+    let settings = settings(
+        args.config.config.as_deref(),
+        &args.config.overrides,
+        Purpose::Estimate,
+    )?;
+    if dry {
+        return dry_run_ok(&format!("{} loads", settings.path.display()));
+    }
+    let cpu = settings.backend == config::BackendKind::Cpu;
+    let e = crate::memory::estimate::estimate(&settings, cpu);
+    print!("{}", e.table());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&e)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}

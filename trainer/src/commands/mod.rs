@@ -1,0 +1,50 @@
+//! One module per `trainer` command; [`run`] dispatches the parsed command line to them.
+
+pub mod child;
+pub mod compare;
+pub mod estimate;
+pub mod find_batch_size;
+pub mod run;
+
+use std::path::Path;
+
+use crate::cli::{Cli, Command};
+use crate::config::{self, ConfigError, Purpose, Settings};
+
+/// The config `trainer` runs without `--config`: SimpleModel, f16 mixed precision, on the
+/// built-in synthetic data.
+const DEFAULT_CONFIG: &str = include_str!("../../../configs/amp.toml");
+
+/// Runs the command `cli` names.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    let dry = cli.dry_run;
+    match cli.command {
+        Some(Command::Estimate(args)) => estimate::run(args, dry),
+        Some(Command::Compare(args)) => compare::command(args, dry),
+        Some(Command::FindBatchSize(args)) => find_batch_size::command(args, dry),
+        None => run::run(cli.run, dry),
+    }
+}
+
+/// `--dry-run`'s report: what was checked.
+pub(crate) fn dry_run_ok(what: &str) -> anyhow::Result<()> {
+    println!("dry run: {what}; nothing was run");
+    Ok(())
+}
+
+/// The config at `path` (else the embedded default) with `overrides` applied.
+pub(crate) fn settings(
+    path: Option<&Path>,
+    overrides: &[String],
+    purpose: Purpose,
+) -> Result<Settings, ConfigError> {
+    match path {
+        Some(path) => config::load_file_for(path, overrides, purpose),
+        None => config::load_for(
+            DEFAULT_CONFIG,
+            "embedded/amp.toml".as_ref(),
+            overrides,
+            purpose,
+        ),
+    }
+}

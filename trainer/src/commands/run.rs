@@ -1,0 +1,63 @@
+//! The default command: train one config and print its summary.
+
+use super::{dry_run_ok, settings};
+use crate::backend::{self, CpuBackend, CpuCheckpointed, CudaBackend, CudaCheckpointed, Selected};
+use crate::cli::RunArgs;
+use crate::config::{Checkpointing, Purpose};
+use crate::memory::catch::{self, Tracked};
+use crate::memory::cuda::{device_memory, CudaProbe};
+use crate::memory::diagnosis;
+use crate::memory::heap::HeapProbe;
+use crate::training::{train, RunOptions};
+
+/// Trains, prints the summary table and writes `--summary-json`.
+pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
+    let overrides = cli.all_overrides();
+    let settings = settings(cli.config.config.as_deref(), &overrides, Purpose::Train)?;
+    if dry {
+        return dry_run_ok(&format!("{} loads", settings.path.display()));
+    }
+    if let Some(note) = &settings.precision.note {
+        eprintln!("note: {note}");
+    }
+    let selected = backend::select(settings.backend, settings.cuda_index)?;
+    let cpu = matches!(selected, Selected::Cpu);
+    if !cli.trial {
+        diagnosis::check_budget(&settings, cpu)?;
+        if let Selected::Cuda(device) = &selected {
+            if let Some((free, total)) = device_memory(device.index) {
+                diagnosis::check_free(&settings, &selected.name(), free, total)?;
+            }
+        }
+    }
+    let options = RunOptions {
+        resume: cli.resume.as_deref(),
+        trial: cli.trial,
+    };
+    let name = selected.name();
+    let balanced = settings.memory.checkpointing == Checkpointing::Balanced;
+    let s = &settings;
+    let summary = catch::catch(s, cpu, || match &selected {
+        Selected::Cpu => {
+            let (mut heap, device) = (HeapProbe::default(), Default::default());
+            let probe = &mut Tracked(&mut heap);
+            match balanced {
+                false => train::<CpuBackend>(s, device, &name, options, probe),
+                true => train::<CpuCheckpointed>(s, device, &name, options, probe),
+            }
+        }
+        Selected::Cuda(device) => {
+            let mut cuda = CudaProbe::new(device.clone());
+            let (probe, device) = (&mut Tracked(&mut cuda), device.clone());
+            match balanced {
+                false => train::<CudaBackend>(s, device, &name, options, probe),
+                true => train::<CudaCheckpointed>(s, device, &name, options, probe),
+            }
+        }
+    })?;
+    print!("{}", summary.table());
+    if let Some(path) = &cli.summary_json {
+        summary.write_json(path)?;
+    }
+    Ok(())
+}
