@@ -8,7 +8,5 @@ pub mod data;
 pub mod malloc;
 pub mod memory;
 pub mod model;
-pub mod progress;
-pub mod step_log;
-pub mod summary;
+pub mod report;
 pub mod training;

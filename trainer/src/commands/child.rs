@@ -7,7 +7,7 @@ use std::process::Command;
 
 use anyhow::Context;
 
-use crate::summary::Summary;
+use crate::report::summary::Summary;
 
 /// The exit code of a run that ran out of memory (see [`crate::memory::diagnosis`]).
 pub const EXIT_OUT_OF_MEMORY: i32 = 3;

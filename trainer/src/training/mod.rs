@@ -41,11 +41,11 @@ use crate::memory::estimate::estimate;
 use crate::memory::{MemoryProbe, Phase};
 use crate::model::Classifier;
 use optim::Optim;
-use crate::progress::Progress;
+use crate::report::progress::Progress;
 use schedule::LrSchedule;
 use step::{Outcome, Stepper, MAX_CONSECUTIVE_SKIPS};
-use crate::step_log::StepLog;
-use crate::summary::Summary;
+use crate::report::step_log::StepLog;
+use crate::report::summary::Summary;
 use lost_updates::Before;
 
 /// How many of the last step losses the summary's "final train loss" averages.

@@ -13,7 +13,7 @@ use super::dry_run_ok;
 use crate::cli::CompareArgs;
 use crate::config::{self, ConfigError, Purpose};
 use crate::memory::estimate::estimate;
-use crate::summary::Summary;
+use crate::report::summary::Summary;
 
 /// One config's results; `--out`'s report.json holds a list of these.
 #[derive(Debug, Clone, Default, Serialize)]
