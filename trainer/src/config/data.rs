@@ -2,8 +2,43 @@
 
 use std::path::PathBuf;
 
-use super::raw::{DataSource, RawData};
+use serde::{Deserialize, Serialize};
+
 use super::{out_of_range, ConfigError};
+
+/// Where the images come from.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataSource {
+    /// Built-in procedurally generated images: nothing to download.
+    #[default]
+    Synthetic,
+    /// The CIFAR-10 binary version in `data.path`.
+    Cifar10,
+}
+
+/// `[data]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawData {
+    pub source: DataSource,
+    pub path: Option<String>,
+    pub train_size: usize,
+    pub eval_size: usize,
+    pub seed: u64,
+}
+
+impl Default for RawData {
+    fn default() -> Self {
+        Self {
+            source: DataSource::Synthetic,
+            path: None,
+            train_size: 8192,
+            eval_size: 2048,
+            seed: 0,
+        }
+    }
+}
 
 /// The data to train on, validated.
 #[derive(Debug, Clone)]

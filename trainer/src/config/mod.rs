@@ -2,21 +2,45 @@
 //!
 //! Every failure is one [`ConfigError`] line that names the key, the value and what is allowed.
 
+mod backend;
 mod data;
 mod memory;
 mod model;
 mod precision;
-mod raw;
 mod train;
 
 use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
 
 pub use data::DataSpec;
 pub use memory::{parse_size, Checkpointing, FreeCache, MemorySpec, SIZE_HELP};
 pub use model::ModelSpec;
 pub use precision::{unsupported_dtype, LossScaleSpec, PrecisionSpec};
-pub use raw::{BackendKind, DataSource, ModelName, OptimizerName, RawConfig, ScheduleName};
+pub use backend::BackendKind;
+pub use data::DataSource;
+pub use model::ModelName;
+pub use train::{OptimizerName, ScheduleName};
 pub use train::TrainSpec;
+
+/// A whole config file as written: every key optional with its default; each section's
+/// struct lives in the file that validates it.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawConfig {
+    /// `[model]`
+    pub model: model::RawModel,
+    /// `[data]`
+    pub data: data::RawData,
+    /// `[train]`
+    pub train: train::RawTrain,
+    /// `[precision]`
+    pub precision: precision::RawPrecision,
+    /// `[backend]`
+    pub backend: backend::RawBackend,
+    /// `[memory]`
+    pub memory: memory::RawMemory,
+}
 
 /// A config that cannot be used. The binary prints it on one line and exits with code 2.
 #[derive(Debug, thiserror::Error)]

@@ -1,9 +1,43 @@
 //! `[model]`: which network, its width, input size and classes.
 
 use burn_models::{MobileNetConfig, SimpleModelConfig};
+use serde::{Deserialize, Serialize};
 
-use super::raw::{ModelName, RawModel};
 use super::{out_of_range, ConfigError};
+
+/// Which network to build.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelName {
+    /// The seed article's SimpleModel.
+    #[default]
+    Simple,
+    /// MobileNetV1.
+    Mobilenet,
+}
+
+/// `[model]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawModel {
+    pub name: ModelName,
+    pub num_classes: usize,
+    pub input_size: usize,
+    pub width_multiplier: Option<f64>,
+    pub stem_stride: Option<usize>,
+}
+
+impl Default for RawModel {
+    fn default() -> Self {
+        Self {
+            name: ModelName::Simple,
+            num_classes: 10,
+            input_size: 32,
+            width_multiplier: None,
+            stem_stride: None,
+        }
+    }
+}
 
 /// The model to build, validated.
 #[derive(Debug, Clone)]

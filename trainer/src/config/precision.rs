@@ -1,9 +1,65 @@
 //! `[precision]`, validated: the mode, where batch norm computes, and the loss scaling.
 
 use burn_models::{Precision, PrecisionMode};
+use serde::{Deserialize, Serialize};
 
-use super::raw::{ModeName, RawLossScale, RawPrecision};
 use super::{out_of_range, ConfigError};
+
+/// `precision.mode` as written.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ModeName {
+    /// Everything in f32.
+    #[default]
+    #[serde(rename = "f32")]
+    F32,
+    /// f16 compute, f32 master weights.
+    #[serde(rename = "f16-mixed")]
+    F16Mixed,
+    /// bf16 compute, f32 master weights.
+    #[serde(rename = "bf16-mixed")]
+    Bf16Mixed,
+    /// Everything in f16.
+    #[serde(rename = "f16")]
+    F16,
+}
+
+/// `precision.loss_scale` as written: `"dynamic"`, `"off"` or a number.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RawLossScale {
+    /// A fixed scale.
+    Fixed(f64),
+    /// `"dynamic"` or `"off"`.
+    Named(String),
+}
+
+/// `[precision]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawPrecision {
+    pub mode: ModeName,
+    pub batch_norm_f32: bool,
+    pub loss_scale: Option<RawLossScale>,
+    pub init_scale: f64,
+    pub growth_factor: f64,
+    pub backoff_factor: f64,
+    pub growth_interval: usize,
+}
+
+impl Default for RawPrecision {
+    /// PyTorch GradScaler's defaults.
+    fn default() -> Self {
+        Self {
+            mode: ModeName::F32,
+            batch_norm_f32: true,
+            loss_scale: None,
+            init_scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+        }
+    }
+}
 
 /// How the loss is scaled before backward.
 #[derive(Debug, Clone, Copy, PartialEq)]

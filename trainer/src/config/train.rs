@@ -2,8 +2,72 @@
 
 use std::path::{Path, PathBuf};
 
-use super::raw::{OptimizerName, RawTrain, ScheduleName};
+use serde::{Deserialize, Serialize};
+
 use super::{out_of_range, ConfigError};
+
+/// Which optimizer updates the weights.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerName {
+    /// Adam (Kingma & Ba).
+    #[default]
+    Adam,
+    /// SGD with momentum.
+    Sgd,
+}
+
+/// `[train]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawTrain {
+    pub batch_size: usize,
+    pub epochs: usize,
+    pub max_steps: Option<usize>,
+    pub optimizer: OptimizerName,
+    pub lr: f64,
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub seed: u64,
+    pub output_dir: Option<String>,
+    pub accum_steps: usize,
+    pub lr_schedule: ScheduleName,
+    pub warmup_steps: usize,
+    pub min_lr: f64,
+    pub grad_clip_norm: Option<f64>,
+}
+
+/// How the learning rate moves over the optimizer steps.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScheduleName {
+    /// `train.lr` throughout.
+    #[default]
+    Constant,
+    /// Linear warmup over `train.warmup_steps`, then cosine decay to `train.min_lr`.
+    WarmupCosine,
+}
+
+impl Default for RawTrain {
+    fn default() -> Self {
+        Self {
+            batch_size: 128,
+            epochs: 1,
+            max_steps: None,
+            optimizer: OptimizerName::Adam,
+            lr: 1e-3,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            seed: 42,
+            output_dir: None,
+            accum_steps: 1,
+            lr_schedule: ScheduleName::Constant,
+            warmup_steps: 0,
+            min_lr: 0.0,
+            grad_clip_norm: None,
+        }
+    }
+}
 
 /// `[train]`, validated.
 #[derive(Debug, Clone)]
