@@ -8,20 +8,9 @@ pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The `trainer` binary cargo built beside this test (target/<profile>/trainer).
+/// The `trainer` binary cargo built for this test.
 pub fn binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps");
-    let bin = profile_dir.join(format!("trainer{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.exists(),
-        "{} not built: run `cargo test --workspace` (it builds the binary)",
-        bin.display()
-    );
-    bin
+    PathBuf::from(env!("CARGO_BIN_EXE_trainer"))
 }
 
 /// A fresh folder for one test's outputs.

@@ -1,0 +1,7 @@
+//! The models on the CPU backend: one test binary (each one links Burn).
+//!
+//! Table of contents:
+/// oomlab's batch-norm autodiff op against Burn's BatchNorm, in f32 and f16.
+mod batch_norm;
+/// Parameter counts against the article, the paper and Keras; output shapes; bad configs.
+mod shapes;

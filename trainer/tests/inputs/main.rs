@@ -1,0 +1,7 @@
+//! What users feed the trainer, read without training: configs and flags, and data files.
+//!
+//! Table of contents:
+/// Config loading and validation: every bad input gives one exact line.
+mod config;
+/// The CIFAR-10 reader on small files in the exact binary format, and the batcher.
+mod data;
