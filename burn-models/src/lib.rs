@@ -12,5 +12,5 @@ pub mod simple;
 
 pub use batch_norm::BatchNormBackend;
 pub use mobilenet::{MobileNet, MobileNetConfig, MobileNetError};
-pub use precision::{cast_params, dtype_name, Precision, PrecisionMode};
+pub use precision::{cast, dtype_name, Precision};
 pub use simple::{SimpleModel, SimpleModelConfig};

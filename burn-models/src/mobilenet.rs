@@ -33,6 +33,10 @@ pub const BLOCKS: [(usize, usize); 13] = [
     (1024, 1),
 ];
 
+/// Smallest input side accepted: five stride-2 stages shrink an 8×8 input to 1×1 by block 12
+/// (with a stride-1 stem); anything smaller is padding for most of the network.
+pub const MIN_INPUT_SIZE: usize = 8;
+
 /// Stem output channels at α = 1.
 pub const STEM_CHANNELS: usize = 32;
 
@@ -45,9 +49,12 @@ pub enum MobileNetError {
     /// Stem stride other than 1 or 2.
     #[error("stem_stride must be 1 or 2, got {0}")]
     StemStride(usize),
-    /// No input or no classes.
-    #[error("{0} must be at least 1")]
-    Zero(&'static str),
+    /// Input smaller than [`MIN_INPUT_SIZE`].
+    #[error("input_size must be at least {MIN_INPUT_SIZE}, got {0}")]
+    InputSize(usize),
+    /// No classes.
+    #[error("num_classes must be at least 1")]
+    NoClasses,
 }
 
 /// Configuration of [`MobileNet`]. Defaults are the paper's ImageNet model.
@@ -85,11 +92,11 @@ impl MobileNetConfig {
         if !(1..=2).contains(&self.stem_stride) {
             return Err(MobileNetError::StemStride(self.stem_stride));
         }
-        if self.input_size == 0 {
-            return Err(MobileNetError::Zero("input_size"));
+        if self.input_size < MIN_INPUT_SIZE {
+            return Err(MobileNetError::InputSize(self.input_size));
         }
         if self.num_classes == 0 {
-            return Err(MobileNetError::Zero("num_classes"));
+            return Err(MobileNetError::NoClasses);
         }
         Ok(())
     }

@@ -28,7 +28,8 @@ pub struct SimpleModel<B: Backend> {
 
 /// Side length of the input images the model is built for.
 pub const SIMPLE_INPUT_SIZE: usize = 32;
-const CHANNELS: usize = 64;
+/// Channels of the conv (and so of the pooled feature maps the linear layer reads).
+pub const CHANNELS: usize = 64;
 
 impl SimpleModelConfig {
     /// Builds the model on `device` with Burn's default initialisers.

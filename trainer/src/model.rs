@@ -1,7 +1,9 @@
 //! The network a config names, as one type the training loop can hold.
 
+use burn::module::{ModuleMapper, Param};
 use burn::prelude::*;
-use burn_models::{BatchNormBackend, MobileNet, MobileNetError, Precision, SimpleModel};
+use burn::tensor::DType;
+use burn_models::{cast, BatchNormBackend, MobileNet, MobileNetError, Precision, SimpleModel};
 
 use crate::config::ModelSpec;
 
@@ -55,4 +57,20 @@ impl<B: BatchNormBackend> Classifier<B> {
             Self::MobileNet(m) => m.forward(images, p),
         }
     }
+}
+
+/// Casts every float parameter and buffer of `module` to `dtype`, keeping parameter ids and
+/// whether each requires a gradient. Used by the pure-f16 mode, which has no master weights.
+pub fn cast_params<B: Backend, M: Module<B>>(module: M, dtype: DType) -> M {
+    struct Caster(DType);
+    impl<B: Backend> ModuleMapper<B> for Caster {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let dtype = self.0;
+            param.map(|t| {
+                let grad = t.is_require_grad();
+                cast(t, dtype).detach().set_require_grad(grad)
+            })
+        }
+    }
+    module.map(&mut Caster(dtype))
 }

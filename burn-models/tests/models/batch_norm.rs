@@ -4,7 +4,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::nn::{BatchNorm, BatchNormConfig};
 use burn::tensor::{DType, Distribution, Tensor};
 use burn_models::layers;
-use burn_models::{Precision, PrecisionMode};
+use burn_models::Precision;
 
 type B = Autodiff<Flex>;
 
@@ -89,7 +89,7 @@ fn running_statistics_match_burns_batch_norm() {
 #[test]
 fn f16_input_keeps_dtypes_and_matches_f32() {
     let (bn, x) = (layer(), input());
-    let policy = PrecisionMode::F16Mixed.policy(true);
+    let policy = Precision::mixed(DType::F16, true);
 
     let x16 = Tensor::<B, 4>::from_inner(x.clone().inner().cast(DType::F16)).require_grad();
     let y16 = layers::batch_norm(&policy, &bn, x16.clone());

@@ -1,6 +1,6 @@
 //! `[model]`: which network, its width, input size and classes.
 
-use burn_models::{MobileNetConfig, SimpleModelConfig};
+use burn_models::{MobileNetConfig, MobileNetError, SimpleModelConfig};
 use serde::{Deserialize, Serialize};
 
 use super::{out_of_range, ConfigError};
@@ -86,38 +86,37 @@ pub fn validate(m: &RawModel) -> Result<ModelSpec, ConfigError> {
             ModelSpec::Simple(SimpleModelConfig::new().with_num_classes(m.num_classes))
         }
         ModelName::Mobilenet => {
-            let alpha = m.width_multiplier.unwrap_or(1.0);
-            if !(alpha > 0.0 && alpha <= 4.0) {
-                return Err(out_of_range(
-                    "model.width_multiplier",
-                    alpha,
-                    "must be in (0, 4], e.g. 1.0, 0.75, 0.5, 0.25",
-                ));
-            }
             let stem_stride = m
                 .stem_stride
                 .unwrap_or(if m.input_size <= 64 { 1 } else { 2 });
-            if !(1..=2).contains(&stem_stride) {
-                return Err(out_of_range(
-                    "model.stem_stride",
-                    stem_stride,
-                    "must be 1 or 2",
-                ));
-            }
-            if m.input_size < 8 {
-                return Err(out_of_range(
+            let config = MobileNetConfig::new()
+                .with_width_multiplier(m.width_multiplier.unwrap_or(1.0))
+                .with_input_size(m.input_size)
+                .with_num_classes(m.num_classes)
+                .with_stem_stride(stem_stride);
+            // The model owns its bounds; this only names the config key for each.
+            config.validate().map_err(|e| match e {
+                MobileNetError::WidthMultiplier(a) => out_of_range(
+                    "model.width_multiplier",
+                    a,
+                    "must be in (0, 4], e.g. 1.0, 0.75, 0.5, 0.25",
+                ),
+                MobileNetError::StemStride(s) => {
+                    out_of_range("model.stem_stride", s, "must be 1 or 2")
+                }
+                MobileNetError::InputSize(n) => out_of_range(
                     "model.input_size",
-                    m.input_size,
-                    "must be at least 8",
-                ));
-            }
-            ModelSpec::MobileNet(
-                MobileNetConfig::new()
-                    .with_width_multiplier(alpha)
-                    .with_input_size(m.input_size)
-                    .with_num_classes(m.num_classes)
-                    .with_stem_stride(stem_stride),
-            )
+                    n,
+                    &format!(
+                        "must be at least {}",
+                        burn_models::mobilenet::MIN_INPUT_SIZE
+                    ),
+                ),
+                MobileNetError::NoClasses => {
+                    out_of_range("model.num_classes", 0, "must be at least 1")
+                }
+            })?;
+            ModelSpec::MobileNet(config)
         }
     };
     Ok(model)

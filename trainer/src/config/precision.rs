@@ -1,26 +1,73 @@
 //! `[precision]`, validated: the mode, where batch norm computes, and the loss scaling.
 
-use burn_models::{Precision, PrecisionMode};
+use burn::tensor::DType;
+use burn_models::Precision;
 use serde::{Deserialize, Serialize};
 
 use super::{out_of_range, ConfigError};
 
-/// `precision.mode` as written.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ModeName {
+/// The four training precisions a config can name (`precision.mode`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PrecisionMode {
     /// Everything in f32.
     #[default]
     #[serde(rename = "f32")]
     F32,
-    /// f16 compute, f32 master weights.
+    /// f32 master weights; layers compute and save activations in f16.
     #[serde(rename = "f16-mixed")]
     F16Mixed,
-    /// bf16 compute, f32 master weights.
+    /// f32 master weights; layers compute and save activations in bf16.
     #[serde(rename = "bf16-mixed")]
     Bf16Mixed,
-    /// Everything in f16.
+    /// Parameters, gradients and optimizer state in f16, no master weights (teaching mode).
     #[serde(rename = "f16")]
     F16,
+}
+
+impl PrecisionMode {
+    /// Every mode, in the order configs list them.
+    pub const ALL: [Self; 4] = [Self::F32, Self::F16Mixed, Self::Bf16Mixed, Self::F16];
+
+    /// The spelling configs use: `f32`, `f16-mixed`, `bf16-mixed`, `f16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16Mixed => "f16-mixed",
+            Self::Bf16Mixed => "bf16-mixed",
+            Self::F16 => "f16",
+        }
+    }
+
+    /// The half type layers compute in, or `None` for f32.
+    pub fn half(self) -> Option<DType> {
+        match self {
+            Self::F32 => None,
+            Self::F16Mixed | Self::F16 => Some(DType::F16),
+            Self::Bf16Mixed => Some(DType::BF16),
+        }
+    }
+
+    /// Whether f32 master weights are kept (every mode but pure f16).
+    pub fn master_weights(self) -> bool {
+        self != Self::F16
+    }
+
+    /// dtype the parameters (and so gradients and optimizer state) are stored in.
+    pub fn parameter_dtype(self) -> DType {
+        match self {
+            Self::F16 => DType::F16,
+            _ => DType::F32,
+        }
+    }
+
+    /// The layer policy the models receive: compute in the half type, batch norm in f32 when
+    /// `batch_norm_f32`, the loss in f32.
+    pub fn policy(self, batch_norm_f32: bool) -> Precision {
+        match self.half() {
+            None => Precision::F32,
+            Some(half) => Precision::mixed(half, batch_norm_f32),
+        }
+    }
 }
 
 /// `precision.loss_scale` as written: `"dynamic"`, `"off"` or a number.
@@ -37,7 +84,7 @@ pub enum RawLossScale {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawPrecision {
-    pub mode: ModeName,
+    pub mode: PrecisionMode,
     pub batch_norm_f32: bool,
     pub loss_scale: Option<RawLossScale>,
     pub init_scale: f64,
@@ -50,7 +97,7 @@ impl Default for RawPrecision {
     /// PyTorch GradScaler's defaults.
     fn default() -> Self {
         Self {
-            mode: ModeName::F32,
+            mode: PrecisionMode::F32,
             batch_norm_f32: true,
             loss_scale: None,
             init_scale: 65536.0,
@@ -106,12 +153,7 @@ impl PrecisionSpec {
 }
 
 pub(super) fn validate(p: &RawPrecision) -> Result<PrecisionSpec, ConfigError> {
-    let mode = match p.mode {
-        ModeName::F32 => PrecisionMode::F32,
-        ModeName::F16Mixed => PrecisionMode::F16Mixed,
-        ModeName::Bf16Mixed => PrecisionMode::Bf16Mixed,
-        ModeName::F16 => PrecisionMode::F16,
-    };
+    let mode = p.mode;
     let positive = |key: &'static str, v: f64| {
         if v > 0.0 && v.is_finite() {
             Ok(v)
@@ -191,7 +233,7 @@ pub(super) fn validate(p: &RawPrecision) -> Result<PrecisionSpec, ConfigError> {
 /// The error for a half type the chosen backend cannot compute in.
 pub fn unsupported_dtype(mode: PrecisionMode, backend: &str) -> ConfigError {
     let dtype = match mode.half() {
-        Some(burn::tensor::DType::BF16) => "bf16",
+        Some(DType::BF16) => "bf16",
         _ => "f16",
     };
     ConfigError::Value {

@@ -1,7 +1,8 @@
 //! f16-mixed and bf16-mixed against f32 on the same weights and batch; pure f16's lost updates.
 
 use burn::tensor::DType;
-use burn_models::{cast_params, PrecisionMode};
+use trainer::config::PrecisionMode;
+use trainer::model::cast_params;
 use trainer::training::step::Outcome;
 
 use crate::common::*;
