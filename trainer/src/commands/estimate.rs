@@ -4,7 +4,8 @@ use anyhow::Context;
 
 use super::{dry_run_ok, settings};
 use crate::cli::EstimateArgs;
-use crate::config::{self, Purpose};
+use crate::config::Purpose;
+use crate::memory::estimate::{estimate, Target};
 
 /// Prints the estimate table (and writes `--json`).
 pub fn run(args: EstimateArgs, dry: bool) -> anyhow::Result<()> {
@@ -16,8 +17,7 @@ pub fn run(args: EstimateArgs, dry: bool) -> anyhow::Result<()> {
     if dry {
         return dry_run_ok(&format!("{} loads", settings.path.display()));
     }
-    let cpu = settings.backend == config::BackendKind::Cpu;
-    let e = crate::memory::estimate::estimate(&settings, cpu);
+    let e = estimate(&settings, Target::of(settings.backend));
     print!("{}", e.table());
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&e)? + "\n")

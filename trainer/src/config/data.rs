@@ -40,6 +40,12 @@ impl Default for RawData {
     }
 }
 
+/// Both data sets have ten classes.
+pub const NUM_CLASSES: usize = 10;
+
+/// Images in the CIFAR-10 binary version: 5 × 10,000 train and 10,000 test.
+pub const CIFAR10_IMAGES: usize = 60_000;
+
 /// The data to train on, validated.
 #[derive(Debug, Clone)]
 pub enum DataSpec {
@@ -51,6 +57,20 @@ pub enum DataSpec {
     },
     /// CIFAR-10 binary files in a directory.
     Cifar10 { path: PathBuf },
+}
+
+impl DataSpec {
+    /// Images in both splits together (what the host holds while training).
+    pub fn images(&self) -> usize {
+        match self {
+            Self::Synthetic {
+                train_size,
+                eval_size,
+                ..
+            } => train_size + eval_size,
+            Self::Cifar10 { .. } => CIFAR10_IMAGES,
+        }
+    }
 }
 
 /// Checks `[data]` against the model's `input_size`.

@@ -13,15 +13,15 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use data::DataSpec;
-pub use memory::{parse_size, Checkpointing, FreeCache, MemorySpec, SIZE_HELP};
-pub use model::ModelSpec;
-pub use precision::{unsupported_dtype, LossScaleSpec, PrecisionSpec};
 pub use backend::BackendKind;
 pub use data::DataSource;
+pub use data::{DataSpec, CIFAR10_IMAGES, NUM_CLASSES};
+pub use memory::{parse_size, Checkpointing, FreeCache, MemorySpec, SIZE_HELP};
 pub use model::ModelName;
-pub use train::{OptimizerName, ScheduleName};
+pub use model::ModelSpec;
+pub use precision::{unsupported_dtype, LossScaleSpec, PrecisionMode, PrecisionSpec};
 pub use train::TrainSpec;
+pub use train::{OptimizerName, ScheduleName};
 
 /// A whole config file as written: every key optional with its default; each section's
 /// struct lives in the file that validates it.
@@ -210,7 +210,7 @@ fn validate(path: &Path, raw: RawConfig, purpose: Purpose) -> Result<Settings, C
     let toml = toml::to_string(&raw).unwrap_or_default();
     let model = model::validate(&raw.model)?;
     let data = data::validate(&raw.data, raw.model.input_size)?;
-    if purpose == Purpose::Train && raw.model.num_classes != crate::data::NUM_CLASSES {
+    if purpose == Purpose::Train && raw.model.num_classes != NUM_CLASSES {
         return Err(out_of_range(
             "model.num_classes",
             raw.model.num_classes,

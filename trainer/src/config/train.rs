@@ -69,6 +69,26 @@ impl Default for RawTrain {
     }
 }
 
+impl OptimizerName {
+    /// The spelling of `train.optimizer`: `adam`, `sgd`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Adam => "adam",
+            Self::Sgd => "sgd",
+        }
+    }
+}
+
+impl ScheduleName {
+    /// The spelling of `train.lr_schedule`: `constant`, `warmup-cosine`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Constant => "constant",
+            Self::WarmupCosine => "warmup-cosine",
+        }
+    }
+}
+
 /// `[train]`, validated.
 #[derive(Debug, Clone)]
 pub struct TrainSpec {

@@ -14,9 +14,6 @@ pub use synthetic::generate;
 
 use crate::config::DataSpec;
 
-/// Both data sets have ten classes.
-pub const NUM_CLASSES: usize = 10;
-
 /// An image set held as bytes: `images` is `[len, 3, size, size]`, channel planes R, G, B.
 #[derive(Debug, Clone)]
 pub struct ImageSet {

@@ -4,7 +4,8 @@
 //! near `36°·c`, at a jittered position and scale, on a noisy background. Hues of neighbouring
 //! classes overlap, so colour alone does not decide the class: the shape must be seen too.
 
-use super::{rng::SplitMix64, ImageSet, NUM_CLASSES};
+use super::{rng::SplitMix64, ImageSet};
+use crate::config::NUM_CLASSES;
 
 /// `len` images of `size`×`size`; `split` 0 is train, 1 is eval (disjoint streams).
 pub fn generate(len: usize, size: usize, seed: u64, split: u64) -> ImageSet {

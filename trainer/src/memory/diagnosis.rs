@@ -6,10 +6,8 @@
 
 use std::fmt;
 
-use burn_models::PrecisionMode;
-
-use crate::config::{self, Checkpointing, ModelSpec, Purpose, Settings};
-use crate::memory::estimate::estimate;
+use crate::config::{self, Checkpointing, ModelSpec, PrecisionMode, Purpose, Settings};
+use crate::memory::estimate::{estimate, Target};
 use crate::memory::human;
 use crate::training::checkpoint;
 
@@ -77,8 +75,8 @@ impl fmt::Display for OutOfMemory {
 }
 
 /// The fixes that lower the estimated peak of `settings`, largest saving first.
-pub fn fixes(settings: &Settings, cpu: bool) -> Vec<Fix> {
-    let now = estimate(settings, cpu).predicted_peak(cpu);
+pub fn fixes(settings: &Settings, target: Target) -> Vec<Fix> {
+    let now = estimate(settings, target).predicted_peak();
     let t = &settings.train;
     let mut candidates: Vec<(String, Vec<String>)> = Vec::new();
     if settings.precision.mode == PrecisionMode::F32 {
@@ -117,7 +115,7 @@ pub fn fixes(settings: &Settings, cpu: bool) -> Vec<Fix> {
         .into_iter()
         .filter_map(|(what, sets)| {
             let with = config::load_for(&settings.toml, &settings.path, &sets, Purpose::Estimate);
-            let peak = estimate(&with.ok()?, cpu).predicted_peak(cpu);
+            let peak = estimate(&with.ok()?, target).predicted_peak();
             (peak < now).then(|| Fix {
                 what,
                 sets,
@@ -131,21 +129,21 @@ pub fn fixes(settings: &Settings, cpu: bool) -> Vec<Fix> {
 }
 
 /// The diagnosis for `settings` failing `phase` because of `cause`.
-pub fn diagnose(settings: &Settings, cpu: bool, phase: &str, cause: String) -> OutOfMemory {
+pub fn diagnose(settings: &Settings, target: Target, phase: &str, cause: String) -> OutOfMemory {
     OutOfMemory {
         phase: phase.into(),
         cause,
-        predicted: estimate(settings, cpu).predicted_peak(cpu),
+        predicted: estimate(settings, target).predicted_peak(),
         budget: settings.memory.budget,
-        fixes: fixes(settings, cpu),
+        fixes: fixes(settings, target),
         checkpoint: checkpoint::describe(&checkpoint::dir(&settings.train.output_dir)),
     }
 }
 
 /// Before training: an error when the estimated peak exceeds `memory.budget`.
-pub fn check_budget(settings: &Settings, cpu: bool) -> Result<(), OutOfMemory> {
+pub fn check_budget(settings: &Settings, target: Target) -> Result<(), OutOfMemory> {
     match settings.memory.budget {
-        Some(budget) => check_limit(settings, cpu, budget, || {
+        Some(budget) => check_limit(settings, target, budget, || {
             format!("over memory.budget = {}", human(budget))
         }),
         None => Ok(()),
@@ -159,7 +157,7 @@ pub fn check_free(
     free: u64,
     total: u64,
 ) -> Result<(), OutOfMemory> {
-    check_limit(settings, false, free, || {
+    check_limit(settings, Target::Device, free, || {
         format!(
             "over the free memory of {device} ({} free of {})",
             human(free),
@@ -171,12 +169,12 @@ pub fn check_free(
 /// Before training: the diagnosis, with `cause`, when the estimated peak exceeds `limit`.
 fn check_limit(
     settings: &Settings,
-    cpu: bool,
+    target: Target,
     limit: u64,
     cause: impl FnOnce() -> String,
 ) -> Result<(), OutOfMemory> {
-    if estimate(settings, cpu).predicted_peak(cpu) <= limit {
+    if estimate(settings, target).predicted_peak() <= limit {
         return Ok(());
     }
-    Err(diagnose(settings, cpu, "before training", cause()))
+    Err(diagnose(settings, target, "before training", cause()))
 }

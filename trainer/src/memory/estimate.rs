@@ -13,8 +13,31 @@
 
 use serde::Serialize;
 
-use crate::config::{Checkpointing, ModelSpec, OptimizerName, Settings};
+use crate::config::{
+    BackendKind, Checkpointing, ModelSpec, OptimizerName, PrecisionMode, Settings,
+};
 use crate::memory::human;
+
+/// What a measured peak counts, and so what the prediction must include.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Target {
+    /// The CPU backend: the heap also holds the data set.
+    CpuHeap,
+    /// A GPU: its memory holds tensors only; the data set stays on the host.
+    Device,
+}
+
+impl Target {
+    /// The target of a run on `backend` (`auto` is taken for a GPU: that is where it runs
+    /// when one is found, and the larger question).
+    pub fn of(backend: BackendKind) -> Self {
+        match backend {
+            BackendKind::Cpu => Self::CpuHeap,
+            BackendKind::Auto | BackendKind::Cuda => Self::Device,
+        }
+    }
+}
 
 /// One row of the breakdown.
 #[derive(Debug, Clone, Serialize)]
@@ -30,6 +53,8 @@ pub struct Line {
 /// The breakdown for one config.
 #[derive(Debug, Clone, Serialize)]
 pub struct Estimate {
+    /// What [`predicted_peak`](Self::predicted_peak) is the peak of.
+    pub target: Target,
     /// Trainable parameters.
     pub parameters: u64,
     /// Micro-batch the activations are sized for.
@@ -48,9 +73,18 @@ pub struct Estimate {
 }
 
 impl Estimate {
-    /// The predicted peak as a probe on `backend` measures it: the CPU heap also holds the data.
-    pub fn predicted_peak(&self, cpu: bool) -> u64 {
-        self.device_peak_bytes + if cpu { self.host_data.bytes } else { 0 }
+    /// The predicted peak as the probe of [`target`](Self::target) measures it: the CPU heap
+    /// also holds the data.
+    pub fn predicted_peak(&self) -> u64 {
+        match self.target {
+            Target::CpuHeap => self.heap_peak(),
+            Target::Device => self.device_peak_bytes,
+        }
+    }
+
+    /// The peak of the CPU heap: device bytes and the data set.
+    fn heap_peak(&self) -> u64 {
+        self.device_peak_bytes + self.host_data.bytes
     }
 
     /// A table for the terminal.
@@ -81,7 +115,7 @@ impl Estimate {
             human(activations),
             human(self.device_peak_bytes),
             human(self.host_data.bytes),
-            human(self.predicted_peak(true))
+            human(self.heap_peak())
         ));
         out
     }
@@ -136,7 +170,7 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
     let k = classes as u64;
     match spec {
         ModelSpec::Simple(_) => {
-            let (c, pooled) = (64u64, (s / 2) * (s / 2));
+            let (c, pooled) = (burn_models::simple::CHANNELS as u64, (s / 2) * (s / 2));
             let weights = 3 * c * 9 + c + c * pooled * k + k;
             let ops = vec![
                 Op {
@@ -247,8 +281,8 @@ fn backward_excess(ops: &[Op], b: u64, compute: u64, bf16_f32: bool) -> u64 {
     peak - forward_end
 }
 
-/// The estimate for `settings`, at its micro-batch size.
-pub fn estimate(settings: &Settings, cpu: bool) -> Estimate {
+/// The estimate for `settings`, at its micro-batch size, as measured on `target`.
+pub fn estimate(settings: &Settings, target: Target) -> Estimate {
     let (compute, pbytes) = dtype_bytes(settings);
     let t = &settings.train;
     let b = t.batch_size as u64;
@@ -303,8 +337,13 @@ pub fn estimate(settings: &Settings, cpu: bool) -> Estimate {
         }
     }
     // Logits cast to f32, log-softmax output: small, but there.
-    activations.push(line("logits and log-probabilities (f32)", 2 * b * 10, 4));
-    let bf16_f32 = cpu && mode == burn_models::PrecisionMode::Bf16Mixed;
+    let classes = settings.num_classes as u64;
+    activations.push(line(
+        "logits and log-probabilities (f32)",
+        2 * b * classes,
+        4,
+    ));
+    let bf16_f32 = target == Target::CpuHeap && mode == PrecisionMode::Bf16Mixed;
     let excess = backward_excess(&ops, b, compute, bf16_f32);
     let what = if bf16_f32 {
         "backward: gradients in flight (+ CPU bf16 kernels' f32 copies)"
@@ -322,16 +361,10 @@ pub fn estimate(settings: &Settings, cpu: bool) -> Estimate {
         .chain(std::iter::once(&in_flight))
         .map(|l| l.bytes)
         .sum();
-    let images = match &settings.data {
-        crate::config::DataSpec::Synthetic {
-            train_size,
-            eval_size,
-            ..
-        } => (train_size + eval_size) as u64,
-        crate::config::DataSpec::Cifar10 { .. } => 60_000,
-    };
+    let images = settings.data.images() as u64;
     let per_image = 3 * (settings.input_size as u64).pow(2) + 1;
     Estimate {
+        target,
         parameters: params,
         micro_batch: t.batch_size,
         model_state,

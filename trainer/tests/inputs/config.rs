@@ -2,10 +2,9 @@
 
 use std::path::Path;
 
-use burn_models::PrecisionMode;
 use clap::CommandFactory;
 use trainer::cli::Cli;
-use trainer::config::{load_str, LossScaleSpec, ModelSpec};
+use trainer::config::{load_str, LossScaleSpec, ModelSpec, PrecisionMode};
 
 fn error(text: &str, overrides: &[&str]) -> String {
     let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
@@ -133,6 +132,47 @@ fn out_of_range_values_say_what_is_allowed() {
         error(mobilenet, &["model.stem_stride=3"]),
         "model.stem_stride = 3: must be 1 or 2"
     );
+    // MobileNetConfig::validate owns the bounds; the config names the key.
+    assert_eq!(
+        error(mobilenet, &["model.input_size=7"]),
+        "model.input_size = 7: must be at least 8"
+    );
+    assert!(settings(mobilenet, &["model.input_size=8"])
+        .model
+        .name()
+        .starts_with("mobilenet"));
+}
+
+/// Every enum a summary or report prints uses the spelling the TOML accepts: each name read
+/// back through the config gives the same value.
+#[test]
+fn printed_names_are_the_toml_spellings() {
+    use trainer::config::{BackendKind, Checkpointing, FreeCache, OptimizerName, ScheduleName};
+    for mode in PrecisionMode::ALL {
+        let s = settings("", &[format!("precision.mode={}", mode.name()).as_str()]);
+        assert_eq!(s.precision.mode, mode);
+    }
+    for o in [OptimizerName::Adam, OptimizerName::Sgd] {
+        let s = settings("", &[format!("train.optimizer={}", o.name()).as_str()]);
+        assert_eq!(s.train.optimizer, o);
+    }
+    for l in [ScheduleName::Constant, ScheduleName::WarmupCosine] {
+        let s = settings("", &[format!("train.lr_schedule={}", l.name()).as_str()]);
+        assert_eq!(s.train.lr_schedule, l);
+    }
+    for f in [FreeCache::Never, FreeCache::Step, FreeCache::Epoch] {
+        let s = settings("", &[format!("memory.free_cache={}", f.name()).as_str()]);
+        assert_eq!(s.memory.free_cache, f);
+    }
+    for c in [Checkpointing::None, Checkpointing::Balanced] {
+        let s = settings("", &[format!("memory.checkpointing={}", c.name()).as_str()]);
+        assert_eq!(s.memory.checkpointing, c);
+    }
+    for b in [BackendKind::Auto, BackendKind::Cuda, BackendKind::Cpu] {
+        let s = settings("", &[format!("backend.kind={}", b.name()).as_str()]);
+        assert_eq!(s.backend, b);
+    }
+    assert_eq!(ScheduleName::WarmupCosine.name(), "warmup-cosine");
 }
 
 #[test]
@@ -194,7 +234,7 @@ fn loss_scaling_defaults_follow_the_mode() {
         ("f16", dynamic),
     ] {
         let s = settings("", &[&format!("precision.mode={mode}")]);
-        assert_eq!(s.precision.mode, PrecisionMode::from_name(mode).unwrap());
+        assert_eq!(s.precision.mode.name(), mode);
         assert_eq!(s.precision.loss_scale, expected, "{mode}");
         assert!(s.precision.batch_norm_f32, "batch norm defaults to f32");
     }

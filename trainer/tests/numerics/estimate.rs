@@ -1,7 +1,7 @@
 //! The analytic estimate against the models Burn builds.
 
 use trainer::config::{load_for, Purpose};
-use trainer::memory::estimate::estimate;
+use trainer::memory::estimate::{estimate, Target};
 use trainer::model::Classifier;
 
 use crate::common::B;
@@ -33,9 +33,60 @@ fn parameter_counts_match_the_built_models() {
     for sets in cases {
         let s = settings(sets);
         let model: Classifier<B> = Classifier::init(&s.model, &Default::default()).unwrap();
-        let e = estimate(&s, true);
+        let e = estimate(&s, Target::CpuHeap);
         assert_eq!(e.parameters as usize, model.trainable_params(), "{sets:?}");
     }
+}
+
+/// The logits line is sized by the model's classes (it was fixed at 10: 100× too small at
+/// 1000 classes), and the host data by the data spec.
+#[test]
+fn logits_follow_the_classes_and_host_data_the_data_set() {
+    let logits = |classes: &str| -> u64 {
+        let s = settings(&[
+            "model.name=mobilenet",
+            "model.width_multiplier=0.5",
+            "model.input_size=224",
+            classes,
+            "train.batch_size=8",
+        ]);
+        let e = estimate(&s, Target::Device);
+        let line = e.activations.iter().find(|l| l.what.starts_with("logits"));
+        line.expect("a logits line").bytes
+    };
+    // Logits cast to f32 and log-probabilities: two f32 values per class and image.
+    assert_eq!(logits("model.num_classes=1000"), 2 * 8 * 1000 * 4);
+    assert_eq!(logits("model.num_classes=10"), 2 * 8 * 10 * 4);
+
+    let synthetic = estimate(
+        &settings(&["data.train_size=100", "data.eval_size=28"]),
+        Target::CpuHeap,
+    );
+    assert_eq!(synthetic.host_data.bytes, 128 * (3 * 32 * 32 + 1));
+    let cifar = settings(&["data.source=cifar10", "data.path=/nowhere"]);
+    let cifar = estimate(&cifar, Target::CpuHeap);
+    assert_eq!(cifar.host_data.bytes, 60_000 * (3 * 32 * 32 + 1));
+}
+
+/// An estimate knows its target: the CPU heap also holds the data set, a GPU does not.
+#[test]
+fn the_prediction_counts_what_its_target_measures() {
+    let s = settings(&["model.name=mobilenet", "model.width_multiplier=0.5"]);
+    let (heap, device) = (estimate(&s, Target::CpuHeap), estimate(&s, Target::Device));
+    assert_eq!(device.predicted_peak(), device.device_peak_bytes);
+    assert_eq!(
+        heap.predicted_peak(),
+        heap.device_peak_bytes + heap.host_data.bytes
+    );
+    assert_eq!(heap.device_peak_bytes, device.device_peak_bytes);
+    assert_eq!(
+        Target::of(trainer::config::BackendKind::Cpu),
+        Target::CpuHeap
+    );
+    assert_eq!(
+        Target::of(trainer::config::BackendKind::Cuda),
+        Target::Device
+    );
 }
 
 #[test]
@@ -43,7 +94,7 @@ fn activations_scale_with_the_micro_batch_and_halve_in_f16() {
     let saved = |sets: &[&str]| -> u64 {
         let mut all = vec!["model.name=mobilenet", "model.width_multiplier=0.5"];
         all.extend_from_slice(sets);
-        estimate(&settings(&all), true)
+        estimate(&settings(&all), Target::CpuHeap)
             .activations
             .iter()
             .map(|l| l.bytes)
@@ -64,7 +115,7 @@ fn activations_scale_with_the_micro_batch_and_halve_in_f16() {
 #[test]
 fn balanced_checkpointing_drops_the_relu_outputs() {
     let saved = |sets: &[&str]| -> u64 {
-        estimate(&settings(sets), true)
+        estimate(&settings(sets), Target::CpuHeap)
             .activations
             .iter()
             .map(|l| l.bytes)
@@ -95,8 +146,8 @@ fn fixes_are_ranked_by_predicted_saving() {
         "model.width_multiplier=1.0",
         "train.batch_size=128",
     ]);
-    let now = estimate(&s, true).predicted_peak(true);
-    let fixes = trainer::memory::diagnosis::fixes(&s, true);
+    let now = estimate(&s, Target::CpuHeap).predicted_peak();
+    let fixes = trainer::memory::diagnosis::fixes(&s, Target::CpuHeap);
     let names: Vec<&str> = fixes.iter().map(|f| f.what.as_str()).collect();
     for expected in [
         "f16 mixed precision",
@@ -127,7 +178,7 @@ fn fixes_are_ranked_by_predicted_saving() {
             .concat(),
         );
         assert_eq!(
-            estimate(&with, true).predicted_peak(true),
+            estimate(&with, Target::CpuHeap).predicted_peak(),
             f.peak,
             "{}",
             f.what
@@ -139,7 +190,7 @@ fn fixes_are_ranked_by_predicted_saving() {
         "memory.checkpointing=balanced",
         "train.batch_size=3",
     ]);
-    assert!(trainer::memory::diagnosis::fixes(&s, true).is_empty());
+    assert!(trainer::memory::diagnosis::fixes(&s, Target::CpuHeap).is_empty());
 }
 
 /// On CUDA the estimate is also checked against the device's free memory before training.

@@ -11,8 +11,8 @@ use serde::Serialize;
 use super::child::{self, unique_dir};
 use super::dry_run_ok;
 use crate::cli::CompareArgs;
-use crate::config::{self, ConfigError, Purpose};
-use crate::memory::estimate::estimate;
+use crate::config::{self, BackendKind, ConfigError, Purpose};
+use crate::memory::estimate::{estimate, Target};
 use crate::report::summary::Summary;
 
 /// One config's results; `--out`'s report.json holds a list of these.
@@ -69,7 +69,9 @@ impl Row {
     }
 
     /// A failed run: what the config says, where it loads, and the error.
-    fn failed(config: &Path, name: String, sets: &[String], cpu: bool, error: String) -> Self {
+    /// The config's own `backend.kind` (with the overrides, `--backend` among them) decides
+    /// what the prediction counts.
+    fn failed(config: &Path, name: String, sets: &[String], error: String) -> Self {
         let mut row = Self {
             config: config.display().to_string(),
             name,
@@ -78,9 +80,9 @@ impl Row {
         };
         if let Ok(s) = config::load_file_for(config, sets, Purpose::Train) {
             row.model = Some(s.model.name());
-            let e = estimate(&s, cpu);
+            let e = estimate(&s, Target::of(s.backend));
             row.parameters = Some(e.parameters as usize);
-            row.predicted_peak_bytes = Some(e.predicted_peak(cpu));
+            row.predicted_peak_bytes = Some(e.predicted_peak());
             row.precision = Some(s.precision.mode.name().into());
             row.batch_size = Some(s.train.batch_size);
             row.accum_steps = Some(s.train.accum_steps);
@@ -97,7 +99,7 @@ pub struct Plan {
     /// Optimizer steps per config.
     pub steps: usize,
     /// `--backend` for every run, else each config's own.
-    pub backend: Option<String>,
+    pub backend: Option<BackendKind>,
     /// `--set` overrides applied to every config.
     pub sets: Vec<String>,
     /// `--sweep KEY=V1,V2,…`: every config runs once per value.
@@ -171,18 +173,17 @@ pub fn check(plan: &Plan) -> Result<usize, ConfigError> {
 }
 
 /// Runs every config of `plan`, one child process each.
-pub fn run(plan: &Plan) -> anyhow::Result<Vec<Row>> {
+pub fn run_plan(plan: &Plan) -> anyhow::Result<Vec<Row>> {
     let runs = runs(plan);
     let bar = ProgressBar::new(runs.len() as u64).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} configs  {elapsed}  {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut overrides = plan.sets.clone();
-    if let Some(b) = &plan.backend {
-        overrides.push(format!("backend.kind={b}"));
+    if let Some(b) = plan.backend {
+        overrides.push(format!("backend.kind={}", b.name()));
     }
     overrides.push(format!("train.max_steps={}", plan.steps));
-    let cpu = plan.backend.as_deref() == Some("cpu");
     let mut taken = Vec::new();
     let mut rows = Vec::new();
     for (config, name, extra) in runs {
@@ -192,16 +193,14 @@ pub fn run(plan: &Plan) -> anyhow::Result<Vec<Row>> {
             &name.replace([' ', '='], "-"),
             &mut taken,
         );
-        let overrides = [overrides.clone(), extra].concat();
-        let mut args = vec!["--config".to_string(), config.display().to_string()];
-        for set in &overrides {
-            args.extend(["--set".to_string(), set.clone()]);
-        }
+        let args = child::Args::new(Some(config))
+            .sets(overrides.iter().cloned())
+            .sets(extra);
         rows.push(match child::train(&args, &dir)? {
             Ok(summary) => Row::finished(config, name, summary),
             Err(failure) => {
                 bar.suspend(|| eprintln!("{name}: {}", failure.message));
-                Row::failed(config, name, &overrides, cpu, failure.message)
+                Row::failed(config, name, args.overrides(), failure.message)
             }
         });
         bar.inc(1);
@@ -211,15 +210,11 @@ pub fn run(plan: &Plan) -> anyhow::Result<Vec<Row>> {
 }
 
 /// `trainer compare`: runs the plan, prints the table and writes the reports.
-pub fn command(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
-    if args.steps == 0 {
-        return Err(config::out_of_range("--steps", 0, "must be at least 1").into());
-    }
-    let backend = args.backend.map(|b| b.name().to_string());
+pub fn run(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
     let plan = Plan {
         configs: args.configs,
         steps: args.steps,
-        backend: backend.clone(),
+        backend: args.backend,
         sets: args.overrides,
         sweep: args.sweep.as_deref().map(Sweep::parse).transpose()?,
         out: args.out,
@@ -228,7 +223,7 @@ pub fn command(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
         let n = check(&plan)?;
         return dry_run_ok(&format!("{n} runs, every config loads"));
     }
-    let rows = run(&plan)?;
+    let rows = run_plan(&plan)?;
     let heading = format!(
         "`trainer compare {}` — {} optimizer steps per config, backend {}",
         plan.configs
@@ -237,7 +232,8 @@ pub fn command(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
             .join(" "),
         plan.steps,
-        backend.as_deref().unwrap_or("as each config says")
+        plan.backend
+            .map_or("as each config says", BackendKind::name)
     );
     print!("{}", report::markdown(&rows));
     report::write_all(&rows, &plan.out, &heading)?;
