@@ -7,6 +7,7 @@ use crate::config::{Checkpointing, Purpose};
 use crate::memory::catch::{self, Tracked};
 use crate::memory::cuda::{device_memory, CudaProbe};
 use crate::memory::diagnosis;
+use crate::memory::estimate::Target;
 use crate::memory::heap::HeapProbe;
 use crate::training::{train, RunOptions};
 
@@ -21,9 +22,9 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
         eprintln!("note: {note}");
     }
     let selected = backend::select(settings.backend, settings.cuda_index)?;
-    let cpu = matches!(selected, Selected::Cpu);
+    let target = Target::of(selected.kind());
     if !cli.trial {
-        diagnosis::check_budget(&settings, cpu)?;
+        diagnosis::check_budget(&settings, target)?;
         if let Selected::Cuda(device) = &selected {
             if let Some((free, total)) = device_memory(device.index) {
                 diagnosis::check_free(&settings, &selected.name(), free, total)?;
@@ -34,24 +35,23 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
         resume: cli.resume.as_deref(),
         trial: cli.trial,
     };
-    let name = selected.name();
     let balanced = settings.memory.checkpointing == Checkpointing::Balanced;
     let s = &settings;
-    let summary = catch::catch(s, cpu, || match &selected {
+    let summary = catch::catch(s, target, || match &selected {
         Selected::Cpu => {
             let (mut heap, device) = (HeapProbe::default(), Default::default());
             let probe = &mut Tracked(&mut heap);
             match balanced {
-                false => train::<CpuBackend>(s, device, &name, options, probe),
-                true => train::<CpuCheckpointed>(s, device, &name, options, probe),
+                false => train::<CpuBackend>(s, device, &selected, options, probe),
+                true => train::<CpuCheckpointed>(s, device, &selected, options, probe),
             }
         }
         Selected::Cuda(device) => {
             let mut cuda = CudaProbe::new(device.clone());
             let (probe, device) = (&mut Tracked(&mut cuda), device.clone());
             match balanced {
-                false => train::<CudaBackend>(s, device, &name, options, probe),
-                true => train::<CudaCheckpointed>(s, device, &name, options, probe),
+                false => train::<CudaBackend>(s, device, &selected, options, probe),
+                true => train::<CudaCheckpointed>(s, device, &selected, options, probe),
             }
         }
     })?;

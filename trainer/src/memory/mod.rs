@@ -1,14 +1,18 @@
-//! Memory measurement: one [`MemoryProbe`] per backend, sampled at the phase boundaries of every
-//! micro-batch (after forward, after backward) and optimizer step.
+//! Memory: measured ([`heap`], [`cuda`]), predicted ([`estimate`]), diagnosed when it runs out
+//! ([`diagnosis`], [`catch`]) and given back ([`free_cache`]).
+//!
+//! One [`MemoryProbe`] per backend is sampled at the phase boundaries of every micro-batch
+//! (after forward, after backward) and optimizer step.
 //!
 //! CubeCL reports current usage only and Burn keeps no peak, so probes keep their own maxima.
 //! On the CPU, [`heap::CountingAllocator`] (installed by the `trainer` binary) sees every
 //! allocation, so its peak is exact, not sampled.
 
-pub mod cuda;
-pub mod estimate;
 pub mod catch;
+pub mod cuda;
 pub mod diagnosis;
+pub mod estimate;
+pub mod free_cache;
 pub mod heap;
 
 use serde::{Deserialize, Serialize};

@@ -3,9 +3,17 @@
 use std::path::Path;
 
 use anyhow::Context;
+use burn::tensor::backend::AutodiffBackend;
+use burn_models::dtype_name;
 use serde::{Deserialize, Serialize};
 
+use crate::backend::Selected;
+use crate::config::Settings;
+use crate::memory::estimate::{estimate, Target};
 use crate::memory::{human, MemoryReport};
+use crate::model::Classifier;
+use crate::training::record::Record;
+use crate::training::step::Stepper;
 
 /// What a training run did. `--summary-json` writes exactly these fields.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -58,6 +66,58 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// What a run of `settings` on `backend` did: its trained `model`, its `stepper` and
+    /// `record`, the `epochs` completed and the `memory` its probe measured.
+    pub fn from_run<B: AutodiffBackend>(
+        settings: &Settings,
+        backend: &Selected,
+        model: &Classifier<B>,
+        stepper: &Stepper<Classifier<B>, B>,
+        record: &Record,
+        epochs: usize,
+        memory: MemoryReport,
+    ) -> Self {
+        let (t, m) = (&settings.train, &settings.memory);
+        let predicted = estimate(settings, Target::of(backend.kind())).predicted_peak();
+        let eval = record.eval();
+        Self {
+            config: settings.path.display().to_string(),
+            model: settings.model.name(),
+            parameters: model.trainable_params(),
+            backend: backend.name(),
+            precision: settings.precision.mode.name().into(),
+            batch_norm: model
+                .has_batch_norm()
+                .then(|| dtype_name(settings.precision.policy().batch_norm).to_string()),
+            loss_scale: stepper.scaler.describe(),
+            skipped_steps: stepper.skipped,
+            updates_lost: record.updates_lost(),
+            optimizer: t.optimizer.name().into(),
+            batch_size: t.batch_size,
+            accum_steps: t.accum_steps,
+            effective_batch: t.effective_batch(),
+            lr_schedule: t.lr_schedule.name().into(),
+            free_cache: m.free_cache.name().into(),
+            checkpointing: m.checkpointing.name().into(),
+            final_lr: stepper.lr(),
+            steps: stepper.step,
+            epochs,
+            images_per_sec: record.images_per_sec(),
+            final_train_loss: record.final_train_loss(),
+            eval_loss: eval.map_or(f64::NAN, |e| e.loss),
+            eval_accuracy: eval.map_or(f64::NAN, |e| e.accuracy),
+            wall_seconds: record.wall_seconds(),
+            checkpoint: crate::training::checkpoint::dir(&t.output_dir)
+                .display()
+                .to_string(),
+            predicted_peak_bytes: predicted,
+            prediction_error: memory
+                .peak_bytes
+                .map(|b| b as f64 / predicted.max(1) as f64 - 1.0),
+            memory,
+        }
+    }
+
     /// A two-column table, aligned.
     pub fn table(&self) -> String {
         let rows = [

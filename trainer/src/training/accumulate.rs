@@ -11,6 +11,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn_models::{BatchNormBackend, Precision};
+use serde::{Deserialize, Serialize};
 
 use crate::memory::{MemoryProbe, Phase};
 use crate::model::Classifier;
@@ -38,6 +39,25 @@ impl Windows {
     /// An epoch's sample order cut into windows.
     pub fn split<'a>(&self, order: &'a [usize]) -> std::slice::Chunks<'a, usize> {
         order.chunks(self.window_size())
+    }
+}
+
+/// Where a run stands in its data order: checkpoints are written between windows, so no
+/// partial gradient is ever pending.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Position {
+    /// Epochs completed.
+    pub epoch: usize,
+    /// Optimizer windows done in the current epoch.
+    #[serde(default)]
+    pub window: usize,
+}
+
+impl Position {
+    /// The start of the next epoch.
+    pub fn next_epoch(&mut self) {
+        self.epoch += 1;
+        self.window = 0;
     }
 }
 

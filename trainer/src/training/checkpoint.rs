@@ -11,32 +11,40 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
-use super::loss_scale::ScalerState;
+use super::accumulate::Position;
 use super::optim::Optim;
+use super::step::StepCounters;
+use crate::config::Settings;
 
-/// Where the loop stood when the checkpoint was written.
+/// Where the loop stood when the checkpoint was written, and what run it belongs to:
+/// `state.json`. Its keys are flat (`step`, `epoch`, `window`, `skipped`, `scaler`, …).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LoopState {
-    /// Optimizer steps taken.
-    pub step: usize,
-    /// Epochs completed.
-    pub epoch: usize,
-    /// Optimizer windows done in the current epoch (the accumulation position: checkpoints
-    /// are written between windows, so no partial gradient is ever pending).
-    #[serde(default)]
-    pub window: usize,
-    /// Steps skipped for gradient overflow so far.
-    #[serde(default)]
-    pub skipped: usize,
-    /// The loss scaler's scale and growth count.
-    #[serde(default)]
-    pub scaler: Option<ScalerState>,
+    /// Epoch and window.
+    #[serde(flatten)]
+    pub position: Position,
+    /// Steps taken and skipped, and the loss scale.
+    #[serde(flatten)]
+    pub counters: StepCounters,
     /// Model name, checked on resume.
     pub model: String,
     /// Optimizer name, checked on resume.
     pub optimizer: String,
     /// The config (after overrides) that produced the run.
     pub config: String,
+}
+
+impl LoopState {
+    /// A run of `settings` at `position`, with the stepper's `counters`.
+    pub fn of(settings: &Settings, position: Position, counters: StepCounters) -> Self {
+        Self {
+            position,
+            counters,
+            model: settings.model.name(),
+            optimizer: settings.train.optimizer.name().into(),
+            config: settings.toml.clone(),
+        }
+    }
 }
 
 /// Writes `model`, `optim` and `state` into `dir`.
@@ -49,18 +57,22 @@ pub fn save<M: AutodiffModule<B>, B: AutodiffBackend>(
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating checkpoint folder {}", dir.display()))?;
     let tmp = dir.join(".partial");
-    std::fs::create_dir_all(&tmp)?;
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     model
         .clone()
         .save_file(
             tmp.join("model"),
             &NamedMpkFileRecorder::<FullPrecisionSettings>::new(),
         )
-        .context("writing model weights")?;
+        .with_context(|| format!("writing {}", tmp.join("model.mpk").display()))?;
     optim.save(&tmp.join("optim"))?;
-    std::fs::write(tmp.join("state.json"), serde_json::to_string_pretty(state)?)?;
+    let state_path = tmp.join("state.json");
+    std::fs::write(&state_path, serde_json::to_string_pretty(state)?)
+        .with_context(|| format!("writing {}", state_path.display()))?;
     for name in ["model.mpk", "optim.mpk", "state.json"] {
-        std::fs::rename(tmp.join(name), dir.join(name))?;
+        let (from, to) = (tmp.join(name), dir.join(name));
+        std::fs::rename(&from, &to)
+            .with_context(|| format!("moving {} to {}", from.display(), to.display()))?;
     }
     std::fs::remove_dir(&tmp).ok();
     Ok(())

@@ -68,13 +68,13 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> Optim<M, B> {
             Self::Adam(o) => recorder.record(o.to_record(), path.into()),
             Self::Sgd(o) => recorder.record(o.to_record(), path.into()),
         }
-        .with_context(|| format!("writing optimizer state {}", path.display()))
+        .with_context(|| format!("writing optimizer state {}.mpk", path.display()))
     }
 
     /// Reads the state [`save`](Self::save) wrote.
     pub fn load(self, path: &Path, device: &B::Device) -> anyhow::Result<Self> {
         let recorder = FileRecorder::new();
-        let context = || format!("reading optimizer state {}", path.display());
+        let context = || format!("reading optimizer state {}.mpk", path.display());
         Ok(match self {
             Self::Adam(o) => {
                 Self::Adam(o.load_record(recorder.load(path.into(), device).with_context(context)?))

@@ -5,11 +5,13 @@
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
+use serde::{Deserialize, Serialize};
 
 use super::grads;
-use super::loss_scale::{LossScaler, Verdict};
+use super::loss_scale::{LossScaler, ScalerState, Verdict};
 use super::optim::Optim;
 use super::schedule::LrSchedule;
+use crate::config::Settings;
 
 /// What happened to one window's gradients.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -21,6 +23,19 @@ pub enum Outcome {
     },
     /// An inf or NaN gradient: nothing was updated.
     Skipped,
+}
+
+/// What a stepper carries across a checkpoint: its counters and the loss scaler's state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepCounters {
+    /// Optimizer steps taken.
+    pub step: usize,
+    /// Steps skipped for gradient overflow so far.
+    #[serde(default)]
+    pub skipped: usize,
+    /// The loss scaler's scale and growth count (absent when scaling is off).
+    #[serde(default)]
+    pub scaler: Option<ScalerState>,
 }
 
 /// The optimizer together with everything that decides whether and how far it steps.
@@ -38,7 +53,7 @@ pub struct Stepper<M: AutodiffModule<B>, B: AutodiffBackend> {
     /// Steps skipped for overflow.
     pub skipped: usize,
     /// Skips since the last step taken.
-    pub consecutive_skips: usize,
+    consecutive_skips: usize,
 }
 
 /// Skipped steps in a row after which the run is declared diverged: the scale has backed off
@@ -46,6 +61,39 @@ pub struct Stepper<M: AutodiffModule<B>, B: AutodiffBackend> {
 pub const MAX_CONSECUTIVE_SKIPS: usize = 64;
 
 impl<M: AutodiffModule<B>, B: AutodiffBackend> Stepper<M, B> {
+    /// The stepper `settings` describe for a run of `total_steps` optimizer steps, driving
+    /// `optim`, continuing from `saved` (all zero for a fresh run).
+    pub fn new(
+        settings: &Settings,
+        total_steps: usize,
+        optim: Optim<M, B>,
+        saved: &StepCounters,
+    ) -> Self {
+        let t = &settings.train;
+        let mut scaler = LossScaler::new(settings.precision.loss_scale);
+        if let Some(state) = saved.scaler {
+            scaler.restore(state);
+        }
+        Self {
+            optim,
+            scaler,
+            schedule: LrSchedule::new(t, total_steps),
+            clip_norm: t.grad_clip_norm,
+            step: saved.step,
+            skipped: saved.skipped,
+            consecutive_skips: 0,
+        }
+    }
+
+    /// The counters a checkpoint records.
+    pub fn counters(&self) -> StepCounters {
+        StepCounters {
+            step: self.step,
+            skipped: self.skipped,
+            scaler: self.scaler.is_active().then(|| self.scaler.state()),
+        }
+    }
+
     /// Whether the last [`MAX_CONSECUTIVE_SKIPS`] windows all overflowed.
     pub fn diverged(&self) -> bool {
         self.consecutive_skips >= MAX_CONSECUTIVE_SKIPS

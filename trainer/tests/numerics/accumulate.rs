@@ -49,7 +49,10 @@ fn a_partial_window_is_stepped_with_its_real_size() {
     let mut naive = GradientsAccumulator::new();
     for micro in window.chunks(8) {
         let g = grads(&model, micro, 8, &p, 1.0);
-        naive.accumulate(&model, trainer::training::grads::scale(&model, g, 1.0 / 3.0));
+        naive.accumulate(
+            &model,
+            trainer::training::grads::scale(&model, g, 1.0 / 3.0),
+        );
     }
     let sum = naive.grads();
     assert!(

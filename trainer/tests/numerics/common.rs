@@ -8,15 +8,13 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::DType;
 use burn_models::Precision;
-use trainer::training::accumulate::window_gradients;
 use trainer::config::{load_str, Settings};
 use trainer::data::{generate, Batcher, ImageSet};
-use trainer::training::loss_scale::LossScaler;
 use trainer::memory::NullProbe;
 use trainer::model::Classifier;
+use trainer::training::accumulate::window_gradients;
 use trainer::training::optim::Optim;
-use trainer::training::schedule::LrSchedule;
-use trainer::training::step::Stepper;
+use trainer::training::step::{StepCounters, Stepper};
 
 pub type B = Autodiff<Flex>;
 
@@ -101,7 +99,10 @@ pub fn grads_and_loss(
             (x, y)
         },
     );
-    (trainer::training::grads::scale(model, w.grads, 1.0 / scale), w.loss)
+    (
+        trainer::training::grads::scale(model, w.grads, 1.0 / scale),
+        w.loss,
+    )
 }
 
 /// ‖a − b‖ / ‖b‖ over all gradients of `model` taken as one vector.
@@ -114,15 +115,12 @@ pub fn global_grad_err(model: &Classifier<B>, a: &GradientsParams, b: &Gradients
 
 /// A stepper as the trainer builds it from `s`.
 pub fn stepper(s: &Settings, total_steps: usize) -> Stepper<Classifier<B>, B> {
-    Stepper {
-        optim: Optim::new(&s.train),
-        scaler: LossScaler::new(s.precision.loss_scale),
-        schedule: LrSchedule::new(&s.train, total_steps),
-        clip_norm: s.train.grad_clip_norm,
-        step: 0,
-        skipped: 0,
-        consecutive_skips: 0,
-    }
+    Stepper::new(
+        s,
+        total_steps,
+        Optim::new(&s.train),
+        &StepCounters::default(),
+    )
 }
 
 /// Every trainable parameter as `(id, flattened f32 values, dtype)`, in module order.

@@ -3,8 +3,9 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
+use trainer::training::accumulate::Position;
 use trainer::training::checkpoint::{self, LoopState};
-use trainer::training::step::Outcome;
+use trainer::training::step::{Outcome, StepCounters};
 
 use crate::common::*;
 
@@ -129,11 +130,15 @@ fn scaler_state_round_trips_through_a_checkpoint() {
     let (model, _) = stepper.apply(model, g);
 
     let state = LoopState {
-        step: stepper.step,
-        epoch: 0,
-        window: 2,
-        skipped: stepper.skipped,
-        scaler: Some(stepper.scaler.state()),
+        position: Position {
+            epoch: 0,
+            window: 2,
+        },
+        counters: StepCounters {
+            step: stepper.step,
+            skipped: stepper.skipped,
+            scaler: Some(stepper.scaler.state()),
+        },
         model: "simple".into(),
         optimizer: "adam".into(),
         config: String::new(),
@@ -150,7 +155,7 @@ fn scaler_state_round_trips_through_a_checkpoint() {
     )
     .unwrap();
     assert_eq!(loaded, state);
-    let saved = loaded.scaler.unwrap();
+    let saved = loaded.counters.scaler.unwrap();
     assert_eq!((saved.scale, saved.clean_steps), (32768.0, 1));
     std::fs::remove_dir_all(&dir).ok();
 }

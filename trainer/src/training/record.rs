@@ -1,0 +1,161 @@
+//! Everything a run keeps about itself besides the model: the progress bar, the per-window
+//! step log, the losses and images/s, the lost-update fractions of pure f16, the last
+//! evaluation, and the divergence check. The training loop hands it each window's outcome
+//! and stays the article's loop.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+
+use super::checkpoint;
+use super::eval::EvalResult;
+use super::lost_updates::Before;
+use super::step::{Outcome, Stepper, MAX_CONSECUTIVE_SKIPS};
+use crate::config::{LossScaleSpec, Settings};
+use crate::report::progress::Progress;
+use crate::report::step_log::StepLog;
+
+/// How many of the last step losses the summary's "final train loss" averages.
+const LOSS_WINDOW: usize = 20;
+
+/// What a run has done so far.
+pub struct Record {
+    progress: Progress,
+    log: StepLog,
+    /// Losses of the windows that stepped.
+    losses: Vec<f64>,
+    /// Time in training windows (evaluation and checkpoints excluded).
+    train_seconds: f64,
+    images: usize,
+    /// Pure f16 only: the fraction of weights each step left unchanged.
+    unchanged: Option<Vec<f64>>,
+    started: Instant,
+    /// When the current window started, its step counter and its loss scale.
+    window: (Instant, usize, f64),
+    eval: Option<EvalResult>,
+    output_dir: PathBuf,
+    scaled: bool,
+}
+
+impl Record {
+    /// A record for a run of `settings` over `total_steps` steps, `done` of them already
+    /// taken (when resuming), which began at `started`.
+    pub fn new(settings: &Settings, total_steps: usize, done: usize, started: Instant) -> Self {
+        Self {
+            progress: Progress::new(total_steps, done),
+            log: StepLog::default(),
+            losses: Vec::new(),
+            train_seconds: 0.0,
+            images: 0,
+            // Pure f16 has no master weights; how many updates round away is what it teaches.
+            unchanged: (!settings.precision.mode.master_weights()).then(Vec::new),
+            started,
+            window: (started, done, 1.0),
+            eval: None,
+            output_dir: settings.train.output_dir.clone(),
+            scaled: settings.precision.loss_scale != LossScaleSpec::Off,
+        }
+    }
+
+    /// A window begins: its time, step counter and loss scale are noted.
+    pub fn start<M: AutodiffModule<B>, B: AutodiffBackend>(&mut self, stepper: &Stepper<M, B>) {
+        self.window = (Instant::now(), stepper.step, stepper.scaler.scale());
+    }
+
+    /// The weights before the step, when lost updates are tracked (pure f16).
+    pub fn before_step<M: AutodiffModule<B>, B: AutodiffBackend>(
+        &self,
+        model: &M,
+    ) -> Option<Before<B>> {
+        self.unchanged.is_some().then(|| Before::of(model))
+    }
+
+    /// A window of `samples` images ended with mean `loss` and `outcome`; `model` is the
+    /// model after it. An error when the run has diverged.
+    pub fn window<M: AutodiffModule<B>, B: AutodiffBackend>(
+        &mut self,
+        samples: usize,
+        loss: f64,
+        outcome: Outcome,
+        stepper: &Stepper<M, B>,
+        model: &M,
+        before: Option<Before<B>>,
+    ) -> anyhow::Result<()> {
+        let (tick, step, scale) = self.window;
+        self.log.push(step, loss, scale, outcome);
+        if let (Some(unchanged), Some(before), Outcome::Stepped { .. }) =
+            (&mut self.unchanged, before, outcome)
+        {
+            unchanged.push(before.unchanged_fraction(model));
+        }
+        self.train_seconds += tick.elapsed().as_secs_f64();
+        self.images += samples;
+        if let Outcome::Stepped { .. } = outcome {
+            self.losses.push(loss);
+        }
+        let describe = stepper.scaler.describe();
+        let rate = self.images_per_sec();
+        self.progress
+            .step(outcome, loss, rate, &describe, stepper.skipped);
+        if stepper.diverged() {
+            self.progress.finish();
+            // The log of what led up to it is the most useful thing to keep.
+            self.write_log()?;
+            anyhow::bail!(
+                "training diverged: the last {MAX_CONSECUTIVE_SKIPS} optimizer steps all had \
+                 inf/NaN gradients (loss scale now {describe}, last loss {loss}); the weights \
+                 were not updated by them; {}",
+                checkpoint::describe(&checkpoint::dir(&self.output_dir))
+            );
+        }
+        Ok(())
+    }
+
+    /// An evaluation after `epoch` epochs; printed above the bar when it ends an epoch.
+    pub fn evaluated(&mut self, epoch: usize, epoch_end: bool, eval: EvalResult) {
+        if epoch_end {
+            self.progress.epoch(epoch, self.final_train_loss(), eval);
+        }
+        self.eval = Some(eval);
+    }
+
+    /// Writes steps.csv (and loss_scale.svg with scaling on) into the output folder.
+    pub fn write_log(&self) -> anyhow::Result<()> {
+        self.log.write(&self.output_dir, self.scaled)
+    }
+
+    /// Removes the progress bar.
+    pub fn finish(&self) {
+        self.progress.finish();
+    }
+
+    /// Images per second of training windows.
+    pub fn images_per_sec(&self) -> f64 {
+        self.images as f64 / self.train_seconds.max(1e-9)
+    }
+
+    /// Mean of the last [`LOSS_WINDOW`] step losses (NaN before the first step).
+    pub fn final_train_loss(&self) -> f64 {
+        let tail = &self.losses[self.losses.len().saturating_sub(LOSS_WINDOW)..];
+        tail.iter().sum::<f64>() / tail.len() as f64
+    }
+
+    /// Pure f16: the mean fraction of weights a step left unchanged.
+    pub fn updates_lost(&self) -> Option<f64> {
+        self.unchanged
+            .as_ref()
+            .map(|u| u.iter().sum::<f64>() / u.len().max(1) as f64)
+    }
+
+    /// The last evaluation, if any (a trial has none).
+    pub fn eval(&self) -> Option<EvalResult> {
+        self.eval
+    }
+
+    /// Seconds since the run began.
+    pub fn wall_seconds(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+}
