@@ -1,15 +1,12 @@
 //! Backend choice: one type alias per backend, picked once at start-up.
 
-use std::any::Any;
-use std::panic::{self, AssertUnwindSafe};
-use std::sync::Mutex;
-
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::cuda::CudaDevice;
 use burn::backend::{Autodiff, Cuda, Flex};
 use burn::tensor::Tensor;
 
 use crate::config::BackendKind;
+use crate::panics::{self, Captured};
 
 /// Training on the CPU: Burn's Flex backend under autodiff.
 pub type CpuBackend = Autodiff<Flex>;
@@ -83,25 +80,23 @@ fn probe_cuda(index: usize) -> Result<CudaDevice, NoCuda> {
     if std::env::var_os("OOMLAB_NO_CUDA").is_some() {
         return Err(fail("disabled by OOMLAB_NO_CUDA".into()));
     }
-    static FIRST_PANIC: Mutex<Option<String>> = Mutex::new(None);
-    let hook = panic::take_hook();
-    panic::set_hook(Box::new(|info| {
-        if let Ok(mut first) = FIRST_PANIC.lock() {
-            first.get_or_insert_with(|| panic_message(info.payload()));
-        }
-    }));
-    let result = panic::catch_unwind(AssertUnwindSafe(|| {
-        let device = CudaDevice::new(index);
-        let ones = Tensor::<Cuda, 1>::ones([4], &device).sum().into_scalar();
-        (device, ones)
-    }));
-    panic::set_hook(hook);
+    let Captured { result, first } = panics::capture(
+        |_| true,
+        false,
+        || {
+            let device = CudaDevice::new(index);
+            let ones = Tensor::<Cuda, 1>::ones([4], &device).sum().into_scalar();
+            (device, ones)
+        },
+    );
     match result {
         Ok((device, 4.0)) => Ok(device),
         Ok((_, sum)) => Err(fail(format!("test kernel returned {sum}, expected 4"))),
         Err(payload) => {
-            let first = FIRST_PANIC.lock().ok().and_then(|mut f| f.take());
-            let reason = first.unwrap_or_else(|| panic_message(payload.as_ref()));
+            let reason = first
+                .or_else(|| Some(panics::message(payload.as_ref())))
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| "initialisation panicked".into());
             // cudarc appends every library name it tried; the first clause is the reason.
             let reason = reason.lines().next().unwrap_or_default();
             Err(fail(
@@ -113,12 +108,4 @@ fn probe_cuda(index: usize) -> Result<CudaDevice, NoCuda> {
             ))
         }
     }
-}
-
-fn panic_message(payload: &(dyn Any + Send)) -> String {
-    payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "initialisation panicked".into())
 }

@@ -1,4 +1,5 @@
-//! Command-line flags (raw); `main` turns them into validated settings.
+//! Command-line flags, parsed and range-checked by clap; [`crate::commands`] turns them
+//! into validated settings.
 
 use std::path::PathBuf;
 
@@ -12,20 +13,7 @@ use crate::config::BackendKind;
     name = "trainer",
     version,
     args_conflicts_with_subcommands = true,
-    after_help = "Examples:
-  trainer                                        # embedded default: configs/amp.toml
-  trainer --config configs/f32.toml
-  trainer --config configs/amp-accum.toml --max-steps 20
-  trainer estimate --config configs/mobilenet.toml --set model.input_size=224
-  trainer compare configs/*.toml --backend cpu --steps 20 --out runs/compare
-  trainer find-batch-size --config configs/mobilenet.toml --backend cpu --budget 2GiB
-  trainer --config configs/mobilenet.toml --backend cpu --max-steps 50
-  trainer --config configs/f32.toml --set train.batch_size=32 --set train.lr=3e-4
-  trainer --config configs/f32.toml --summary-json runs/f32.json
-  trainer --config configs/f32.toml --resume runs/f32/checkpoint
-
-Exit codes: 0 done, 1 runtime error, 2 bad config, flag or data, 3 out of memory
-(over memory.budget, or a CUDA allocation failed): the message ranks the fixes."
+    after_help = after_help()
 )]
 pub struct Cli {
     /// Something other than training.
@@ -39,7 +27,28 @@ pub struct Cli {
     /// Check the flags and load the config(s), then stop: nothing is trained or written.
     #[arg(long, global = true)]
     pub dry_run: bool,
+
+    /// Where a child run (of compare or find-batch-size) writes its failure as JSON.
+    #[arg(long, global = true, hide = true, value_name = "PATH")]
+    pub failure_json: Option<PathBuf>,
 }
+
+/// `trainer --help`'s epilogue: examples, then the exit codes.
+fn after_help() -> String {
+    format!("{EXAMPLES}\n\n{}", crate::exit::HELP)
+}
+
+const EXAMPLES: &str = "Examples:
+  trainer                                        # embedded default: configs/amp.toml
+  trainer --config configs/f32.toml
+  trainer --config configs/amp-accum.toml --max-steps 20
+  trainer estimate --config configs/mobilenet.toml --set model.input_size=224
+  trainer compare configs/*.toml --backend cpu --steps 20 --out runs/compare
+  trainer find-batch-size --config configs/mobilenet.toml --backend cpu --budget 2GiB
+  trainer --config configs/mobilenet.toml --backend cpu --max-steps 50
+  trainer --config configs/f32.toml --set train.batch_size=32 --set train.lr=3e-4
+  trainer --config configs/f32.toml --summary-json runs/f32.json
+  trainer --config configs/f32.toml --resume runs/f32/checkpoint";
 
 /// What `trainer` can do besides training.
 #[derive(Debug, Subcommand)]
@@ -78,8 +87,8 @@ pub struct CompareArgs {
     #[arg(required = true, value_name = "CONFIG")]
     pub configs: Vec<PathBuf>,
 
-    /// Optimizer steps per config.
-    #[arg(long, default_value_t = 20, value_name = "N")]
+    /// Optimizer steps per config (at least 1).
+    #[arg(long, default_value_t = 20, value_name = "N", value_parser = at_least_one)]
     pub steps: usize,
 
     /// Backend for every run, overriding each config's `backend.kind`.
@@ -111,15 +120,15 @@ pub struct FindArgs {
     pub backend: Option<BackendKind>,
 
     /// Memory a trial may peak at, e.g. 2GiB (else `memory.budget`; required on the CPU).
-    #[arg(long, value_name = "SIZE")]
-    pub budget: Option<String>,
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub budget: Option<u64>,
 
-    /// Safety margin: a trial fits when its peak is within budget × (1 − margin).
-    #[arg(long, default_value_t = 0.1, value_name = "FRACTION")]
+    /// Safety margin in [0, 1): a trial fits when its peak is within budget × (1 − margin).
+    #[arg(long, default_value_t = 0.1, value_name = "FRACTION", value_parser = fraction)]
     pub margin: f64,
 
-    /// Largest micro-batch to try.
-    #[arg(long, default_value_t = 4096, value_name = "N")]
+    /// Largest micro-batch to try (at least 1).
+    #[arg(long, default_value_t = 4096, value_name = "N", value_parser = at_least_one)]
     pub max_batch: usize,
 
     /// Also write the trials and the answer as JSON to PATH.
@@ -191,4 +200,27 @@ impl RunArgs {
         }
         all
     }
+}
+
+/// A count of at least 1 (`--steps`, `--max-batch`).
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        Ok(_) => Err("must be at least 1".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A fraction in [0, 1) (`--margin`).
+fn fraction(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(f) if (0.0..1.0).contains(&f) => Ok(f),
+        Ok(_) => Err("must be in [0, 1)".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A size such as `2GiB` (`--budget`), in bytes.
+fn size(text: &str) -> Result<u64, String> {
+    crate::config::parse_size(text).ok_or_else(|| crate::config::SIZE_HELP.into())
 }

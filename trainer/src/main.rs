@@ -1,12 +1,12 @@
-//! `trainer`: the binary edge. Errors become one line and an exit code.
+//! `trainer`: the binary edge. Parses the command line, runs the command, and turns an error
+//! into its message and exit code ([`trainer::exit`]).
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use trainer::cli::Cli;
-use trainer::config::ConfigError;
-use trainer::data::DataError;
-use trainer::memory::diagnosis::OutOfMemory;
+use trainer::commands::{self, child::Failure};
+use trainer::exit::{self, Exit};
 use trainer::memory::heap::CountingAllocator;
 
 /// Counts heap bytes so the CPU backend's memory peaks are exact.
@@ -15,18 +15,18 @@ static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 fn main() -> ExitCode {
     trainer::malloc::tune_for_training();
-    match trainer::commands::run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+    let cli = Cli::parse();
+    let failure_json = cli.failure_json.clone();
+    match commands::run(cli) {
+        Ok(exit) => exit.into(),
         Err(e) => {
-            if let Some(oom) = e.downcast_ref::<OutOfMemory>() {
-                eprintln!("{oom}");
-                return ExitCode::from(trainer::commands::child::EXIT_OUT_OF_MEMORY as u8);
+            eprintln!("{}", exit::describe(&e));
+            if let Some(path) = failure_json {
+                if let Err(write) = Failure::of(&e).write(&path) {
+                    eprintln!("error: {write:#}");
+                }
             }
-            let bad_config = e.downcast_ref::<ConfigError>().is_some();
-            let bad_data = e.downcast_ref::<DataError>().is_some();
-            let prefix = if bad_config { "config error" } else { "error" };
-            eprintln!("{prefix}: {e:#}");
-            ExitCode::from(if bad_config || bad_data { 2 } else { 1 })
+            Exit::of(&e).into()
         }
     }
 }

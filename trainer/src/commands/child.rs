@@ -1,20 +1,22 @@
 //! Training runs in child processes: `compare` and `find-batch-size` run each config or trial
 //! in a fresh `trainer` process, so memory peaks do not mix and a CUDA out-of-memory error
-//! takes down only that process, releasing its memory.
+//! takes down only that process, releasing its memory. A child reports success as its
+//! `--summary-json` and failure as its `--failure-json`: structured, never scraped from stderr.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::Context;
+use serde::{Deserialize, Serialize};
 
+use crate::exit::Exit;
 use crate::report::summary::Summary;
 
-/// The exit code of a run that ran out of memory (see [`crate::memory::diagnosis`]).
-pub const EXIT_OUT_OF_MEMORY: i32 = 3;
-
 /// A child run that did not finish.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
+    /// How it ended.
+    pub kind: Exit,
     /// Its exit code (`None`: killed by a signal).
     pub code: Option<i32>,
     /// Its error, on one line.
@@ -22,34 +24,114 @@ pub struct Failure {
 }
 
 impl Failure {
-    /// Whether it ran out of memory (exit code 3).
+    /// The failure `error` means, for `--failure-json`: its exit and the first line of what
+    /// the binary printed for it.
+    pub fn of(error: &anyhow::Error) -> Self {
+        let kind = Exit::of(error);
+        let text = crate::exit::describe(error);
+        Self {
+            kind,
+            code: Some(kind.code().into()),
+            message: text.lines().next().unwrap_or_default().to_string(),
+        }
+    }
+
+    /// Writes it as JSON to `path`.
+    pub fn write(&self, path: &Path) -> anyhow::Result<()> {
+        let json = serde_json::to_string_pretty(self)? + "\n";
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Whether it ran out of memory.
     pub fn out_of_memory(&self) -> bool {
-        self.code == Some(EXIT_OUT_OF_MEMORY)
+        self.kind == Exit::OutOfMemory
     }
 }
 
-/// Runs `trainer ARGS --summary-json <dir>/summary.json --set train.output_dir=<dir>` and
-/// returns its summary. An error is only for a process that could not be started at all.
-pub fn train(args: &[String], dir: &Path) -> anyhow::Result<Result<Summary, Failure>> {
+/// The command line of a child training run: a config and its `--set` overrides, in
+/// precedence order.
+#[derive(Debug, Clone, Default)]
+pub struct Args {
+    config: Option<PathBuf>,
+    sets: Vec<String>,
+    trial: bool,
+}
+
+impl Args {
+    /// A run of `config` (the embedded default when `None`).
+    pub fn new(config: Option<&Path>) -> Self {
+        Self {
+            config: config.map(Path::to_path_buf),
+            ..Self::default()
+        }
+    }
+
+    /// Adds one `--set KEY=VALUE` (later ones win).
+    pub fn set(mut self, set: impl Into<String>) -> Self {
+        self.sets.push(set.into());
+        self
+    }
+
+    /// Adds several `--set`s, in order.
+    pub fn sets<S: Into<String>>(mut self, sets: impl IntoIterator<Item = S>) -> Self {
+        self.sets.extend(sets.into_iter().map(Into::into));
+        self
+    }
+
+    /// A measuring trial (`--trial`): no budget check, evaluation or checkpoint.
+    pub fn trial(mut self) -> Self {
+        self.trial = true;
+        self
+    }
+
+    /// The overrides given so far.
+    pub fn overrides(&self) -> &[String] {
+        &self.sets
+    }
+
+    /// The argument list, with the outputs of one run in `dir`.
+    fn to_vec(&self, dir: &Path) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(config) = &self.config {
+            args.extend(["--config".into(), config.display().to_string()]);
+        }
+        let output = format!("train.output_dir={}", toml_string(dir));
+        for set in self.sets.iter().chain([&output]) {
+            args.extend(["--set".into(), set.clone()]);
+        }
+        for (flag, name) in [("--summary-json", SUMMARY), ("--failure-json", FAILURE)] {
+            args.extend([flag.into(), dir.join(name).display().to_string()]);
+        }
+        if self.trial {
+            args.push("--trial".into());
+        }
+        args
+    }
+}
+
+const SUMMARY: &str = "summary.json";
+const FAILURE: &str = "failure.json";
+
+/// Runs `trainer ARGS` with its outputs in `dir` and returns its summary, or its failure. An
+/// error is only for a process that could not be started, or a summary that cannot be read.
+pub fn train(args: &Args, dir: &Path) -> anyhow::Result<Result<Summary, Failure>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let json = dir.join("summary.json");
-    let _ = std::fs::remove_file(&json);
+    for name in [SUMMARY, FAILURE] {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
     let exe = std::env::current_exe().context("finding the trainer executable")?;
     let out = Command::new(exe)
-        .args(args)
-        .arg("--set")
-        .arg(format!("train.output_dir={}", toml_string(dir)))
-        .arg("--summary-json")
-        .arg(&json)
+        .args(args.to_vec(dir))
         .output()
         .context("starting a trainer process")?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
-        return Ok(Err(Failure {
-            code: out.status.code(),
-            message: error_line(&stderr),
-        }));
+        return Ok(Err(read_failure(
+            &dir.join(FAILURE),
+            out.status.code(),
+            &out.stderr,
+        )));
     }
+    let json = dir.join(SUMMARY);
     let text =
         std::fs::read_to_string(&json).with_context(|| format!("reading {}", json.display()))?;
     Ok(Ok(
@@ -57,28 +139,31 @@ pub fn train(args: &[String], dir: &Path) -> anyhow::Result<Result<Summary, Fail
     ))
 }
 
+/// The child's own failure report; a child that wrote none (killed by a signal, or a panic)
+/// is a runtime failure, described by its exit status and the last line it printed.
+fn read_failure(path: &Path, code: Option<i32>, stderr: &[u8]) -> Failure {
+    if let Some(failure) = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+    {
+        return failure;
+    }
+    let stderr = String::from_utf8_lossy(stderr);
+    let last = stderr.lines().map(str::trim).rfind(|l| !l.is_empty());
+    let status = code.map_or_else(|| "killed by a signal".into(), |c| format!("exit code {c}"));
+    Failure {
+        kind: Exit::Runtime,
+        code,
+        message: match last {
+            Some(line) => format!("failed ({status}) without a report: {line}"),
+            None => format!("failed ({status}) without a report"),
+        },
+    }
+}
+
 /// A path as a TOML string value, so `--set` keeps it as written.
 fn toml_string(path: &Path) -> String {
     toml::Value::String(path.display().to_string()).to_string()
-}
-
-/// The line of a failed run's stderr that says why: its `error:`/`config error:`/`out of
-/// memory` line, else its last line.
-fn error_line(stderr: &str) -> String {
-    let lines: Vec<&str> = stderr
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    lines
-        .iter()
-        .find(|l| {
-            l.starts_with("error:")
-                || l.starts_with("config error:")
-                || l.starts_with("out of memory")
-        })
-        .or(lines.last())
-        .map_or_else(|| "failed without a message".into(), |l| l.to_string())
 }
 
 /// `base/name`, or `base/name-2`, … when a sibling already took the name.

@@ -48,8 +48,8 @@ pub struct Found {
 /// What to search.
 #[derive(Debug, Clone)]
 pub struct Search {
-    /// `--config` and `--set` arguments for every trial (the run's own flags).
-    pub args: Vec<String>,
+    /// The config and `--set`s every trial shares (the run's own flags).
+    pub args: child::Args,
     /// Peak bytes a trial may reach; `None`: a trial fits when it does not run out of memory.
     pub limit: Option<u64>,
     /// The config's effective batch (batch_size × accum_steps).
@@ -70,15 +70,13 @@ pub fn find(search: &Search) -> anyhow::Result<Found> {
     let mut trial = |b: usize| -> anyhow::Result<bool> {
         bar.set_message(format!("micro-batch {b}"));
         bar.inc(1);
-        let mut args = search.args.clone();
-        for set in [
-            format!("train.batch_size={b}"),
-            "train.accum_steps=1".into(),
-            "train.max_steps=1".into(),
-        ] {
-            args.extend(["--set".into(), set]);
-        }
-        args.push("--trial".into());
+        let args = search
+            .args
+            .clone()
+            .set(format!("train.batch_size={b}"))
+            .set("train.accum_steps=1")
+            .set("train.max_steps=1")
+            .trial();
         let dir = search.scratch.join(format!("batch-{b}"));
         let t = match child::train(&args, &dir)? {
             Ok(s) => {
@@ -183,7 +181,7 @@ impl Found {
 }
 
 /// `trainer find-batch-size`: checks the flags, runs the search and prints the answer.
-pub fn command(args: FindArgs, dry: bool) -> anyhow::Result<()> {
+pub fn run(args: FindArgs, dry: bool) -> anyhow::Result<()> {
     let FindArgs {
         config: ConfigArgs {
             config,
@@ -196,16 +194,7 @@ pub fn command(args: FindArgs, dry: bool) -> anyhow::Result<()> {
         overrides.push(format!("backend.kind={}", b.name()));
     }
     let settings = settings(config.as_deref(), &overrides, Purpose::Train)?;
-    if !(0.0..1.0).contains(&args.margin) {
-        return Err(config::out_of_range("--margin", args.margin, "must be in [0, 1)").into());
-    }
-    let budget = match &args.budget {
-        Some(text) => Some(
-            config::parse_size(text)
-                .ok_or_else(|| config::out_of_range("--budget", text, config::SIZE_HELP))?,
-        ),
-        None => settings.memory.budget,
-    };
+    let budget = args.budget.or(settings.memory.budget);
     if dry {
         return dry_run_ok(&format!("{} loads", settings.path.display()));
     }
@@ -219,19 +208,15 @@ pub fn command(args: FindArgs, dry: bool) -> anyhow::Result<()> {
         .into());
     }
     let limit = budget.map(|b| (b as f64 * (1.0 - args.margin)) as u64);
-    let mut trial_args = Vec::new();
-    if let Some(c) = config {
-        trial_args.extend(["--config".to_string(), c.display().to_string()]);
-    }
-    trial_args.extend(["--backend".into(), selected.kind().name().into()]);
-    for set in sets {
-        trial_args.extend(["--set".to_string(), set.clone()]);
-    }
+    // Every trial runs on the backend chosen here, whatever `auto` would pick in the child.
+    let trial = child::Args::new(config.as_deref())
+        .sets(sets.iter().cloned())
+        .set(format!("backend.kind={}", selected.kind().name()));
     let search = Search {
-        args: trial_args,
+        args: trial,
         limit,
         effective_batch: settings.train.effective_batch(),
-        max_batch: args.max_batch.max(1),
+        max_batch: args.max_batch,
         scratch: settings.train.output_dir.join("find-batch-size"),
     };
     let found = find(&search)?;

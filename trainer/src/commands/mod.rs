@@ -10,20 +10,22 @@ use std::path::Path;
 
 use crate::cli::{Cli, Command};
 use crate::config::{self, ConfigError, Purpose, Settings};
+use crate::exit::Exit;
 
 /// The config `trainer` runs without `--config`: SimpleModel, f16 mixed precision, on the
 /// built-in synthetic data.
 const DEFAULT_CONFIG: &str = include_str!("../../../configs/amp.toml");
 
-/// Runs the command `cli` names.
-pub fn run(cli: Cli) -> anyhow::Result<()> {
+/// Runs the command `cli` names. Every failure is an error; [`Exit::of`] gives its code.
+pub fn run(cli: Cli) -> anyhow::Result<Exit> {
     let dry = cli.dry_run;
     match cli.command {
         Some(Command::Estimate(args)) => estimate::run(args, dry),
-        Some(Command::Compare(args)) => compare::command(args, dry),
-        Some(Command::FindBatchSize(args)) => find_batch_size::command(args, dry),
+        Some(Command::Compare(args)) => compare::run(args, dry),
+        Some(Command::FindBatchSize(args)) => find_batch_size::run(args, dry),
         None => run::run(cli.run, dry),
-    }
+    }?;
+    Ok(Exit::Ok)
 }
 
 /// `--dry-run`'s report: what was checked.

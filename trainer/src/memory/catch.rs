@@ -1,15 +1,16 @@
 //! Out-of-memory capture: an allocation failure panics inside CubeCL (often on its server
-//! thread); [`catch`] turns that panic into an [`OutOfMemory`] diagnosis naming the phase that
+//! thread); [`catch`] turns that panic into an
+//! [`OutOfMemory`](crate::memory::diagnosis::OutOfMemory) diagnosis naming the phase that
 //! failed, instead of a backtrace. Other panics go on as they were.
 
-use std::any::Any;
-use std::panic::{self, AssertUnwindSafe};
+use std::panic;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
-use std::sync::Mutex;
 
 use crate::config::Settings;
-use crate::memory::diagnosis::{diagnose, OutOfMemory};
+use crate::memory::diagnosis::diagnose;
+use crate::memory::estimate::Target;
 use crate::memory::{MemoryProbe, MemoryReport, Phase};
+use crate::panics::{self, Captured};
 
 /// The last phase boundary a training step passed (0: none yet).
 static LAST_PHASE: AtomicU8 = AtomicU8::new(0);
@@ -37,14 +38,6 @@ fn failing_phase() -> &'static str {
     }
 }
 
-fn message(payload: &(dyn Any + Send)) -> String {
-    payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
-}
-
 /// Whether a panic message is an allocation failure (CubeCL's, or the CUDA driver's).
 pub fn is_oom(message: &str) -> bool {
     let m = message.to_lowercase();
@@ -53,32 +46,15 @@ pub fn is_oom(message: &str) -> bool {
         .any(|p| m.contains(p))
 }
 
-/// Runs `train`; an out-of-memory panic on any thread becomes an [`OutOfMemory`] diagnosis
+/// Runs `train`; an out-of-memory panic on any thread becomes an
+/// [`OutOfMemory`](crate::memory::diagnosis::OutOfMemory) diagnosis
 /// instead of a backtrace. Other panics go on as they were.
 pub fn catch<T>(
     settings: &Settings,
-    cpu: bool,
+    target: Target,
     train: impl FnOnce() -> anyhow::Result<T>,
 ) -> anyhow::Result<T> {
-    static FIRST_OOM: Mutex<Option<String>> = Mutex::new(None);
-    let previous = std::sync::Arc::new(panic::take_hook());
-    let chained = previous.clone();
-    panic::set_hook(Box::new(move |info| {
-        let text = message(info.payload());
-        if is_oom(&text) {
-            if let Ok(mut first) = FIRST_OOM.lock() {
-                first.get_or_insert(text);
-            }
-        } else {
-            chained(info);
-        }
-    }));
-    let result = panic::catch_unwind(AssertUnwindSafe(train));
-    let _ = panic::take_hook();
-    if let Ok(hook) = std::sync::Arc::try_unwrap(previous) {
-        panic::set_hook(hook);
-    }
-    let first = FIRST_OOM.lock().ok().and_then(|mut f| f.take());
+    let Captured { result, first } = panics::capture(is_oom, true, train);
     match (result, first) {
         (Ok(Ok(v)), _) => Ok(v),
         (Ok(Err(e)), None) => Err(e),
@@ -91,7 +67,7 @@ pub fn catch<T>(
                 .filter(|l| !l.is_empty())
                 .collect::<Vec<_>>()
                 .join(" ");
-            Err(diagnose(settings, cpu, failing_phase(), cause).into())
+            Err(diagnose(settings, target, failing_phase(), cause).into())
         }
         (Err(payload), None) => panic::resume_unwind(payload),
     }

@@ -143,3 +143,79 @@ fn help_shows_examples() {
         "{help}"
     );
 }
+
+/// Flags are range-checked by clap before anything loads: exit 2, the flag named.
+#[test]
+fn bad_flag_values_exit_2_naming_the_flag() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["compare", "configs/f32.toml", "--steps", "0"],
+            "error: invalid value '0' for '--steps <N>': must be at least 1",
+        ),
+        (
+            &["find-batch-size", "--margin", "1"],
+            "error: invalid value '1' for '--margin <FRACTION>': must be in [0, 1)",
+        ),
+        (
+            &["find-batch-size", "--max-batch", "0"],
+            "error: invalid value '0' for '--max-batch <N>': must be at least 1",
+        ),
+        (
+            &["find-batch-size", "--budget", "lots"],
+            "error: invalid value 'lots' for '--budget <SIZE>': expected a positive size such \
+             as \"6GiB\", \"512MiB\", \"1.5GB\" or \"800000000\" (bytes)",
+        ),
+    ];
+    for (args, first_line) in cases {
+        let out = run(args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "trainer {args:?}: {}",
+            stderr(&out)
+        );
+        assert_eq!(
+            stderr(&out).lines().next(),
+            Some(first_line),
+            "trainer {args:?}"
+        );
+    }
+}
+
+/// A child run reports its failure as JSON (compare and find-batch-size read it): the kind,
+/// the exit code and the line it printed.
+#[test]
+fn failures_are_reported_as_json_when_asked() {
+    let dir = temp("failure-json");
+    let path = dir.join("failure.json");
+    let read = || -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    };
+    let path_arg = arg(&path);
+    let out = run(&["--set", "train.batch_size=0", "--failure-json", &path_arg]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        read(),
+        serde_json::json!({
+            "kind": "bad-input",
+            "code": 2,
+            "message": "config error: train.batch_size = 0: must be at least 1",
+        })
+    );
+    let out = run(&[
+        "--backend",
+        "cpu",
+        "--set",
+        "memory.budget=1MiB",
+        "--failure-json",
+        &path_arg,
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let failure = read();
+    assert_eq!(failure["kind"], "out-of-memory");
+    assert_eq!(failure["code"], 3);
+    assert_eq!(
+        failure["message"],
+        "out of memory before training: over memory.budget = 1.0 MiB"
+    );
+}

@@ -1,0 +1,86 @@
+//! The exit codes of `trainer`, in one place: what each means, which error maps to which, and
+//! the one line (or, out of memory, the diagnosis) printed for it.
+
+use std::process::ExitCode;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ConfigError;
+use crate::data::DataError;
+use crate::memory::diagnosis::OutOfMemory;
+
+/// How `trainer` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Exit {
+    /// 0: done.
+    Ok,
+    /// 1: a runtime error (I/O, a device that will not start, a diverged run).
+    Runtime,
+    /// 2: a bad config, flag or data file.
+    BadInput,
+    /// 3: out of memory (over `memory.budget`, over a GPU's free memory, or an allocation
+    /// failed): the message ranks the fixes.
+    OutOfMemory,
+}
+
+/// The exit codes for `--help`.
+pub const HELP: &str =
+    "Exit codes: 0 done, 1 runtime error, 2 bad config, flag or data, 3 out of memory
+(over memory.budget, or a CUDA allocation failed): the message ranks the fixes.";
+
+impl Exit {
+    /// The process exit code.
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Ok => 0,
+            Self::Runtime => 1,
+            Self::BadInput => 2,
+            Self::OutOfMemory => 3,
+        }
+    }
+
+    /// Which exit an error means.
+    pub fn of(error: &anyhow::Error) -> Self {
+        if error.downcast_ref::<OutOfMemory>().is_some() {
+            Self::OutOfMemory
+        } else if error.downcast_ref::<ConfigError>().is_some()
+            || error.downcast_ref::<DataError>().is_some()
+        {
+            Self::BadInput
+        } else {
+            Self::Runtime
+        }
+    }
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> Self {
+        ExitCode::from(exit.code())
+    }
+}
+
+/// What is printed for `error` on stderr: the diagnosis for out of memory, else one line
+/// (`config error: …` for a bad config, `error: …` otherwise).
+pub fn describe(error: &anyhow::Error) -> String {
+    if let Some(oom) = error.downcast_ref::<OutOfMemory>() {
+        return oom.to_string();
+    }
+    let prefix = match error.downcast_ref::<ConfigError>() {
+        Some(_) => "config error",
+        None => "error",
+    };
+    format!("{prefix}: {error:#}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn help_lists_every_code() {
+        for exit in [Exit::Ok, Exit::Runtime, Exit::BadInput, Exit::OutOfMemory] {
+            assert!(HELP.contains(&format!("{} ", exit.code())), "{exit:?}");
+        }
+    }
+}
