@@ -1,12 +1,45 @@
-//! oomlab's trainer: configuration, data, the training loop and its reports.
+//! oomlab's trainer: trains a model from a TOML config with its own training loop, measures
+//! what each step costs in memory, and compares the fixes for "CUDA out of memory".
+//!
+//! # Map
+//! | module | what it holds |
+//! |---|---|
+//! | [`cli`] | the command line, parsed and range-checked by clap |
+//! | [`commands`] | one file per command: `run` (train), `estimate`, `compare/` (runner + report), `find_batch_size`, and `child` (the child processes the last two start) |
+//! | [`exit`] | the exit codes and what is printed for each error |
+//! | [`config`] | the TOML file: one file per section, each with its raw struct, validated spec and validation |
+//! | [`data`] | synthetic images and CIFAR-10, normalised and batched |
+//! | [`model`] | the network a config names (SimpleModel or MobileNet, from `burn-models`) |
+//! | [`backend`] | CPU (Flex) or CUDA, chosen once at start-up |
+//! | [`training`] | the loop (`training/mod.rs`, read beside the article's PyTorch loop) and its parts |
+//! | [`memory`] | probes (heap, CUDA), the analytic estimate, the OOM diagnosis and its capture, `free_cache` |
+//! | [`report`] | progress bar, per-window step log, end-of-run summary |
+//! | [`malloc`], [`panics`] | glibc tuning for CPU training; capturing panics from CubeCL |
+//!
+//! # Where each fix lives
+//! | fix (the seed article's, then beyond) | config switch | file(s) |
+//! |---|---|---|
+//! | 1. gradient accumulation | `train.accum_steps` | `training/accumulate.rs` (windows, loss weighted by share), `training/step.rs` (one step per window) |
+//! | 2. mixed precision, f32 master weights | `precision.mode` | `config/precision.rs` (modes), `burn-models` `precision.rs` + `layers.rs` (casts at layer boundaries) |
+//! | 2. dynamic loss scaling | `precision.loss_scale` | `training/loss_scale.rs`, `training/step.rs` (unscale once, skip on inf/NaN) |
+//! | 2. batch norm kept in f32 | `precision.batch_norm_f32` | `burn-models` `batch_norm.rs` (autodiff op saving the half input and f32 statistics) |
+//! | 3. a smaller model | `model.width_multiplier` | `burn-models` `mobilenet.rs` |
+//! | 4. freeing cached memory | `memory.free_cache` | `memory/free_cache.rs` |
+//! | activation checkpointing | `memory.checkpointing` | `backend.rs` (Burn's balanced strategy, picked by type) |
+//! | knowing before you run | `memory.budget` | `memory/estimate.rs`, `memory/diagnosis.rs` (fixes ranked) |
+//! | surviving an OOM | — | `memory/catch.rs` (the panic becomes the diagnosis, exit 3) |
+//! | the largest batch that fits | — | `commands/find_batch_size.rs` |
+//! | measuring it | — | `memory/heap.rs` (exact CPU heap), `memory/cuda.rs` (CubeCL pool), `commands/compare/` |
 
 pub mod backend;
 pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod data;
+pub mod exit;
 pub mod malloc;
 pub mod memory;
 pub mod model;
+pub mod panics;
 pub mod report;
 pub mod training;
