@@ -52,7 +52,10 @@ pub fn linear<B: Backend>(p: &Precision, layer: &Linear<B>, x: Tensor<B, 2>) -> 
 ///
 /// Under autodiff (training) it normalises with the batch statistics through
 /// [`BatchNormBackend::batch_norm_train`], which saves only its input and per-channel vectors,
-/// and updates the running averages as `burn::nn::BatchNorm` does (momentum, biased variance).
+/// and updates the running averages as PyTorch's `BatchNorm2d` does: momentum, and the
+/// *unbiased* batch variance (× n/(n−1), n = batch × height × width) for the running variance,
+/// while the batch itself is normalised with the biased one. (Burn's own `BatchNorm` keeps the
+/// biased variance; a model trained here evaluates as it would in PyTorch.)
 /// Without autodiff (evaluation) it normalises with the running averages.
 pub fn batch_norm<B: BatchNormBackend>(
     p: &Precision,
@@ -73,6 +76,8 @@ pub fn batch_norm<B: BatchNormBackend>(
         let y = (cast(x, work) - mean) * scale + per_channel(layer.beta.val());
         return cast(y, dtype);
     }
+    let [n, _, h, w] = x.dims();
+    let count = (n * h * w) as f64;
     let out = B::batch_norm_train(
         x.into_primitive().tensor(),
         layer.gamma.val().into_primitive().tensor(),
@@ -82,13 +87,19 @@ pub fn batch_norm<B: BatchNormBackend>(
     );
     let float = |t| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t));
     let m = layer.momentum;
+    // One value per channel has no spread to correct (PyTorch refuses it in training).
+    let unbiased = if count > 1.0 {
+        count / (count - 1.0)
+    } else {
+        1.0
+    };
     let update = |running: &RunningState<Tensor<B, 1>>, batch: Tensor<B, 1>| {
         let old = running.value_sync();
         let batch = cast(batch.detach(), old.dtype());
         running.update((old.mul_scalar(1.0 - m) + batch.mul_scalar(m)).detach());
     };
     update(&layer.running_mean, float(out.mean));
-    update(&layer.running_var, float(out.var));
+    update(&layer.running_var, float(out.var).mul_scalar(unbiased));
     Tensor::from_primitive(TensorPrimitive::Float(out.output))
 }
 

@@ -64,24 +64,42 @@ fn f32_op_matches_burns_batch_norm() {
     }
 }
 
-/// Each training forward moves the running averages exactly as Burn's layer does.
+/// Each training forward moves the running averages as PyTorch's `BatchNorm2d` does:
+/// `running = (1 − momentum)·running + momentum·batch`, with the batch variance unbiased
+/// (× n/(n−1)) for the running variance. The expected values are computed from the input here;
+/// the layer's values are read synced (`value_sync`), not as queued.
 #[test]
-fn running_statistics_match_burns_batch_norm() {
-    let (ours, reference, x) = (layer(), layer(), input());
-    let reference = BatchNorm {
-        gamma: ours.gamma.clone(),
-        beta: ours.beta.clone(),
-        ..reference
-    };
+fn running_statistics_follow_pytorch() {
+    let (bn, x) = (layer(), input());
+    let _ = layers::batch_norm(&Precision::F32, &bn, x.clone());
+    let [n, c, h, w] = x.dims();
+    let count = (n * h * w) as f32;
+    let per_channel = x.clone().inner().swap_dims(0, 1).reshape([c, n * h * w]);
+    let mean = per_channel.clone().mean_dim(1).reshape([c]);
+    let centred = per_channel - mean.clone().reshape([c, 1]);
+    let biased = centred.square().mean_dim(1).reshape([c]);
+    let m = bn.momentum as f32;
+    let expected_mean = mean.mul_scalar(m);
+    let expected_var = biased
+        .mul_scalar(m * count / (count - 1.0))
+        .add_scalar(1.0 - m);
+    let running_mean = bn.running_mean.value_sync().inner();
+    let running_var = bn.running_var.value_sync().inner();
+    assert!(max_rel_err(running_mean, expected_mean) < 1e-5);
+    assert!(max_rel_err(running_var.clone(), expected_var.clone()) < 1e-5);
+    // Burn's own layer keeps the biased variance: the two differ by the correction.
+    let biased_var = biased_var_of(&x);
+    assert!(
+        max_rel_err(running_var, biased_var) > 1e-4,
+        "the correction is visible"
+    );
+}
+
+/// The running variance Burn's `BatchNorm` would keep after one step (biased).
+fn biased_var_of(x: &Tensor<B, 4>) -> Tensor<Flex, 1> {
+    let reference = layer();
     let _ = reference.forward(x.clone());
-    let _ = layers::batch_norm(&Precision::F32, &ours, x);
-    let pairs = [
-        (ours.running_mean.value(), reference.running_mean.value()),
-        (ours.running_var.value(), reference.running_var.value()),
-    ];
-    for (a, b) in pairs {
-        assert!(max_rel_err(a.inner(), b.inner()) < 1e-6);
-    }
+    reference.running_var.value_sync().inner()
 }
 
 /// Under f16-mixed with BN in f32 the output comes back in f16 and γ's gradient in f32, and
@@ -117,4 +135,31 @@ fn f16_input_keeps_dtypes_and_matches_f32() {
         println!("{what}: {err:.2e}");
         assert!(err < 5e-3, "{what}: relative error {err}");
     }
+}
+
+/// With `batch_norm_f32 = false` batch norm computes in the half type: its statistics come
+/// back in f16 (with it true, in f32).
+#[test]
+fn batch_norm_computes_in_the_policys_dtype() {
+    use burn_models::BatchNormBackend;
+    let (bn, x) = (layer(), input());
+    for (work, expected) in [(DType::F16, DType::F16), (DType::F32, DType::F32)] {
+        let x16 = x.clone().cast(DType::F16);
+        let out = B::batch_norm_train(
+            x16.into_primitive().tensor(),
+            bn.gamma.val().into_primitive().tensor(),
+            bn.beta.val().into_primitive().tensor(),
+            work,
+            bn.epsilon,
+        );
+        let mean = Tensor::<B, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(out.mean));
+        let var = Tensor::<B, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(out.var));
+        assert_eq!(
+            (mean.dtype(), var.dtype()),
+            (expected, expected),
+            "work {work:?}"
+        );
+    }
+    let policy = Precision::mixed(DType::F16, false);
+    assert_eq!(policy.batch_norm, DType::F16);
 }
