@@ -37,6 +37,13 @@ pub const BLOCKS: [(usize, usize); 13] = [
 /// (with a stride-1 stem); anything smaller is padding for most of the network.
 pub const MIN_INPUT_SIZE: usize = 8;
 
+/// Largest input side accepted: 2048² is 16× ImageNet's 224² per image already; the bound
+/// keeps every size computed from it far inside `usize`.
+pub const MAX_INPUT_SIZE: usize = 2048;
+
+/// Most classes accepted (ImageNet-21k has 21,841).
+pub const MAX_CLASSES: usize = 100_000;
+
 /// Stem output channels at α = 1.
 pub const STEM_CHANNELS: usize = 32;
 
@@ -49,12 +56,12 @@ pub enum MobileNetError {
     /// Stem stride other than 1 or 2.
     #[error("stem_stride must be 1 or 2, got {0}")]
     StemStride(usize),
-    /// Input smaller than [`MIN_INPUT_SIZE`].
-    #[error("input_size must be at least {MIN_INPUT_SIZE}, got {0}")]
+    /// Input outside [`MIN_INPUT_SIZE`]..=[`MAX_INPUT_SIZE`].
+    #[error("input_size must be in {MIN_INPUT_SIZE}..={MAX_INPUT_SIZE}, got {0}")]
     InputSize(usize),
-    /// No classes.
-    #[error("num_classes must be at least 1")]
-    NoClasses,
+    /// Classes outside 1..=[`MAX_CLASSES`].
+    #[error("num_classes must be in 1..={MAX_CLASSES}, got {0}")]
+    Classes(usize),
 }
 
 /// Configuration of [`MobileNet`]. Defaults are the paper's ImageNet model.
@@ -92,11 +99,11 @@ impl MobileNetConfig {
         if !(1..=2).contains(&self.stem_stride) {
             return Err(MobileNetError::StemStride(self.stem_stride));
         }
-        if self.input_size < MIN_INPUT_SIZE {
+        if !(MIN_INPUT_SIZE..=MAX_INPUT_SIZE).contains(&self.input_size) {
             return Err(MobileNetError::InputSize(self.input_size));
         }
-        if self.num_classes == 0 {
-            return Err(MobileNetError::NoClasses);
+        if !(1..=MAX_CLASSES).contains(&self.num_classes) {
+            return Err(MobileNetError::Classes(self.num_classes));
         }
         Ok(())
     }

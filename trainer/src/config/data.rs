@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{out_of_range, ConfigError};
+use super::{at_most, out_of_range, ConfigError};
 
 /// Where the images come from.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,18 +23,27 @@ pub enum DataSource {
 pub struct RawData {
     pub source: DataSource,
     pub path: Option<String>,
-    pub train_size: usize,
-    pub eval_size: usize,
+    /// Synthetic only (default [`DEFAULT_TRAIN_SIZE`]).
+    pub train_size: Option<usize>,
+    /// Synthetic only (default [`DEFAULT_EVAL_SIZE`]).
+    pub eval_size: Option<usize>,
     pub seed: u64,
 }
+
+/// Synthetic train images when `data.train_size` is left out.
+pub const DEFAULT_TRAIN_SIZE: usize = 8192;
+/// Synthetic eval images when `data.eval_size` is left out.
+pub const DEFAULT_EVAL_SIZE: usize = 2048;
+/// Largest `data.train_size` and `data.eval_size`.
+pub const MAX_IMAGES: usize = 10_000_000;
 
 impl Default for RawData {
     fn default() -> Self {
         Self {
             source: DataSource::Synthetic,
             path: None,
-            train_size: 8192,
-            eval_size: 2048,
+            train_size: None,
+            eval_size: None,
             seed: 0,
         }
     }
@@ -83,15 +92,16 @@ pub fn validate(d: &RawData, input_size: usize) -> Result<DataSpec, ConfigError>
                     message: "applies only to data.source = \"cifar10\"".into(),
                 });
             }
-            if d.train_size == 0 {
-                return Err(out_of_range("data.train_size", 0, "must be at least 1"));
-            }
-            if d.eval_size == 0 {
-                return Err(out_of_range("data.eval_size", 0, "must be at least 1"));
-            }
+            let size = |key: &'static str, value: Option<usize>, default: usize| {
+                let n = value.unwrap_or(default);
+                if n == 0 {
+                    return Err(out_of_range(key, 0, "must be at least 1"));
+                }
+                at_most(key, n, MAX_IMAGES)
+            };
             DataSpec::Synthetic {
-                train_size: d.train_size,
-                eval_size: d.eval_size,
+                train_size: size("data.train_size", d.train_size, DEFAULT_TRAIN_SIZE)?,
+                eval_size: size("data.eval_size", d.eval_size, DEFAULT_EVAL_SIZE)?,
                 seed: d.seed,
             }
         }
@@ -102,6 +112,19 @@ pub fn validate(d: &RawData, input_size: usize) -> Result<DataSpec, ConfigError>
                     message: "is required when data.source = \"cifar10\" (the folder holding data_batch_1.bin … test_batch.bin)".into(),
                 });
             };
+            for (key, set) in [
+                ("data.train_size", d.train_size.is_some()),
+                ("data.eval_size", d.eval_size.is_some()),
+            ] {
+                if set {
+                    return Err(ConfigError::Key {
+                        key: key.into(),
+                        message: "applies only to data.source = \"synthetic\" (CIFAR-10 has \
+                                  50,000 train and 10,000 test images)"
+                            .into(),
+                    });
+                }
+            }
             if input_size != 32 {
                 return Err(out_of_range(
                     "model.input_size",

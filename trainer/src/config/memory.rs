@@ -57,8 +57,18 @@ impl Checkpointing {
 pub struct RawMemory {
     pub free_cache: FreeCache,
     pub checkpointing: Checkpointing,
-    /// e.g. `"6GiB"`.
-    pub budget: Option<String>,
+    /// e.g. `"6GiB"`, or a number of bytes.
+    pub budget: Option<RawSize>,
+}
+
+/// A size as written: `"6GiB"` or a plain number of bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RawSize {
+    /// Bytes.
+    Bytes(u64),
+    /// With a unit, e.g. `"512MiB"`.
+    Text(String),
 }
 
 /// `[memory]`, validated.
@@ -73,7 +83,9 @@ pub struct MemorySpec {
 pub(super) fn validate(m: &RawMemory) -> Result<MemorySpec, ConfigError> {
     let budget = match &m.budget {
         None => None,
-        Some(text) => Some(
+        Some(RawSize::Bytes(0)) => return Err(out_of_range("memory.budget", 0, SIZE_HELP)),
+        Some(RawSize::Bytes(b)) => Some(*b),
+        Some(RawSize::Text(text)) => Some(
             parse_size(text)
                 .ok_or_else(|| out_of_range("memory.budget", format!("{text:?}"), SIZE_HELP))?,
         ),

@@ -19,7 +19,9 @@ pub use data::{DataSpec, CIFAR10_IMAGES, NUM_CLASSES};
 pub use memory::{parse_size, Checkpointing, FreeCache, MemorySpec, SIZE_HELP};
 pub use model::ModelName;
 pub use model::ModelSpec;
-pub use precision::{unsupported_dtype, LossScaleSpec, PrecisionMode, PrecisionSpec};
+pub use precision::{
+    unsupported_dtype, LossScaleSpec, PrecisionMode, PrecisionSpec, MAX_SCALE, MIN_SCALE,
+};
 pub use train::TrainSpec;
 pub use train::{OptimizerName, ScheduleName};
 
@@ -61,6 +63,9 @@ pub enum ConfigError {
     /// A `--set` argument without `=`.
     #[error("--set {0}: expected key=value, e.g. --set train.batch_size=32")]
     SetSyntax(String),
+    /// A `--set` value spanning lines.
+    #[error("--set {0}: a value must be on one line")]
+    SetNewline(String),
     /// A key whose value has the wrong type or is unknown.
     #[error("{key}: {message}")]
     Key { key: String, message: String },
@@ -103,11 +108,37 @@ pub fn load_file_for(
     overrides: &[String],
     purpose: Purpose,
 ) -> Result<Settings, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+    let text = read_bounded(path, MAX_CONFIG_BYTES).map_err(|error| ConfigError::Read {
         path: path.to_owned(),
         error,
     })?;
     load_for(&text, path, overrides, purpose)
+}
+
+/// The largest config file read: configs are a few hundred bytes.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads a regular file of at most `max` bytes as UTF-8. A FIFO, a device (`/dev/zero`) or a
+/// folder is refused before reading, so nothing blocks or reads without end.
+pub fn read_bounded(path: &Path, max: u64) -> std::io::Result<String> {
+    use std::io::{Error, ErrorKind, Read};
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let too_big = || Error::new(ErrorKind::InvalidData, format!("larger than {max} bytes"));
+    if meta.len() > max {
+        return Err(too_big());
+    }
+    let mut text = String::new();
+    // The file may grow between the check and the read: read one byte past the bound at most.
+    std::fs::File::open(path)?
+        .take(max + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > max {
+        return Err(too_big());
+    }
+    Ok(text)
 }
 
 /// Like [`load`], for config text already in memory; `path` names it in messages.
@@ -140,17 +171,21 @@ pub fn load_for(
                     .map_or(1, |span| 1 + text[..span.start].matches('\n').count()),
                 message: one_line(e.message()),
             })?;
+    if !overrides.is_empty() {
+        // The file must be valid on its own: an override must not hide a bad value in it.
+        deserialize(table.clone())?;
+    }
     for arg in overrides {
         apply_override(&mut table, arg)?;
     }
-    let raw: RawConfig =
-        serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
-            ConfigError::Key {
-                key: e.path().to_string(),
-                message: strip_location(&one_line(&e.inner().to_string())),
-            }
-        })?;
-    validate(path, raw, purpose)
+    validate(path, deserialize(table)?, purpose)
+}
+
+fn deserialize(table: toml::Table) -> Result<RawConfig, ConfigError> {
+    serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| ConfigError::Key {
+        key: e.path().to_string(),
+        message: strip_location(&one_line(&e.inner().to_string())),
+    })
 }
 
 /// toml ends value errors with " in `a.b`"; the key is already named in front.
@@ -175,6 +210,10 @@ fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError>
     if key.is_empty() {
         return Err(ConfigError::SetSyntax(arg.into()));
     }
+    if value.contains(['\n', '\r']) {
+        // TOML would end the value at the newline and silently drop the rest.
+        return Err(ConfigError::SetNewline(arg.escape_debug().to_string()));
+    }
     // A value is TOML when it parses as one (`32`, `1e-3`, `"x"`, `true`), else a bare string.
     let value = format!("v = {value}")
         .parse::<toml::Table>()
@@ -195,6 +234,14 @@ fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError>
     }
     node.insert(leaf.into(), value);
     Ok(())
+}
+
+/// `value` of `key` when it is at most `max`, else the error naming the bound.
+pub fn at_most(key: &'static str, value: usize, max: usize) -> Result<usize, ConfigError> {
+    if value > max {
+        return Err(out_of_range(key, value, &format!("must be at most {max}")));
+    }
+    Ok(value)
 }
 
 /// A [`ConfigError::Value`]: `key` has `value`, outside what `allowed` says.

@@ -1,9 +1,10 @@
 //! `[model]`: which network, its width, input size and classes.
 
+use burn_models::mobilenet::{MAX_CLASSES, MAX_INPUT_SIZE, MIN_INPUT_SIZE};
 use burn_models::{MobileNetConfig, MobileNetError, SimpleModelConfig};
 use serde::{Deserialize, Serialize};
 
-use super::{out_of_range, ConfigError};
+use super::{at_most, out_of_range, ConfigError};
 
 /// Which network to build.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +64,7 @@ pub fn validate(m: &RawModel) -> Result<ModelSpec, ConfigError> {
     if m.num_classes == 0 {
         return Err(out_of_range("model.num_classes", 0, "must be at least 1"));
     }
+    at_most("model.num_classes", m.num_classes, MAX_CLASSES)?;
     let model = match m.name {
         ModelName::Simple => {
             for (key, set) in [
@@ -104,17 +106,21 @@ pub fn validate(m: &RawModel) -> Result<ModelSpec, ConfigError> {
                 MobileNetError::StemStride(s) => {
                     out_of_range("model.stem_stride", s, "must be 1 or 2")
                 }
+                MobileNetError::InputSize(n) if n < MIN_INPUT_SIZE => out_of_range(
+                    "model.input_size",
+                    n,
+                    &format!("must be at least {MIN_INPUT_SIZE}"),
+                ),
                 MobileNetError::InputSize(n) => out_of_range(
                     "model.input_size",
                     n,
-                    &format!(
-                        "must be at least {}",
-                        burn_models::mobilenet::MIN_INPUT_SIZE
-                    ),
+                    &format!("must be at most {MAX_INPUT_SIZE}"),
                 ),
-                MobileNetError::NoClasses => {
-                    out_of_range("model.num_classes", 0, "must be at least 1")
-                }
+                MobileNetError::Classes(n) => out_of_range(
+                    "model.num_classes",
+                    n,
+                    &format!("must be in 1..={MAX_CLASSES}"),
+                ),
             })?;
             ModelSpec::MobileNet(config)
         }

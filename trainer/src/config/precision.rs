@@ -4,7 +4,7 @@ use burn::tensor::DType;
 use burn_models::Precision;
 use serde::{Deserialize, Serialize};
 
-use super::{out_of_range, ConfigError};
+use super::{at_most, out_of_range, ConfigError};
 
 /// The four training precisions a config can name (`precision.mode`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -135,6 +135,14 @@ impl LossScaleSpec {
     }
 }
 
+/// The smallest loss scale: 2⁻²⁴, f16's smallest subnormal.
+pub const MIN_SCALE: f64 = 1.0 / 16_777_216.0;
+/// The largest loss scale: 2⁴⁰. A loss of 10 times more than 2⁴⁰ is still far inside f32
+/// (3.4e38); 1e40 itself is infinite in f32.
+pub const MAX_SCALE: f64 = 1_099_511_627_776.0;
+const SCALE_RANGE: &str = "must be in [2^-24, 2^40] (5.96e-8 … 1.10e12): a larger scale \
+                           overflows the scaled loss, a smaller one flushes gradients to zero";
+
 /// `[precision]`, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PrecisionSpec {
@@ -155,10 +163,12 @@ impl PrecisionSpec {
 pub(super) fn validate(p: &RawPrecision) -> Result<PrecisionSpec, ConfigError> {
     let mode = p.mode;
     let positive = |key: &'static str, v: f64| {
-        if v > 0.0 && v.is_finite() {
-            Ok(v)
-        } else {
+        if !(v > 0.0 && v.is_finite()) {
             Err(out_of_range(key, v, "must be a finite number > 0"))
+        } else if !(MIN_SCALE..=MAX_SCALE).contains(&v) {
+            Err(out_of_range(key, v, SCALE_RANGE))
+        } else {
+            Ok(v)
         }
     };
     let init_scale = positive("precision.init_scale", p.init_scale)?;
@@ -167,6 +177,13 @@ pub(super) fn validate(p: &RawPrecision) -> Result<PrecisionSpec, ConfigError> {
             "precision.growth_factor",
             p.growth_factor,
             "must be a finite number > 1",
+        ));
+    }
+    if p.growth_factor > 1024.0 {
+        return Err(out_of_range(
+            "precision.growth_factor",
+            p.growth_factor,
+            "must be at most 1024",
         ));
     }
     if !(p.backoff_factor > 0.0 && p.backoff_factor < 1.0) {
@@ -183,6 +200,11 @@ pub(super) fn validate(p: &RawPrecision) -> Result<PrecisionSpec, ConfigError> {
             "must be at least 1",
         ));
     }
+    at_most(
+        "precision.growth_interval",
+        p.growth_interval,
+        1_000_000_000,
+    )?;
     let dynamic = LossScaleSpec::Dynamic {
         init_scale,
         growth_factor: p.growth_factor,

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{out_of_range, ConfigError};
+use super::{at_most, out_of_range, ConfigError};
 
 /// Which optimizer updates the weights.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,6 +35,7 @@ pub struct RawTrain {
     pub warmup_steps: usize,
     pub min_lr: f64,
     pub grad_clip_norm: Option<f64>,
+    pub checkpoint_every: Option<usize>,
 }
 
 /// How the learning rate moves over the optimizer steps.
@@ -65,6 +66,7 @@ impl Default for RawTrain {
             warmup_steps: 0,
             min_lr: 0.0,
             grad_clip_norm: None,
+            checkpoint_every: None,
         }
     }
 }
@@ -107,6 +109,10 @@ pub struct TrainSpec {
     pub warmup_steps: usize,
     pub min_lr: f64,
     pub grad_clip_norm: Option<f64>,
+    /// Also write a checkpoint every this many optimizer steps (besides every epoch's end).
+    pub checkpoint_every: Option<usize>,
+    /// Whether the config named `output_dir` (else it is `runs/<config name>`).
+    pub output_dir_given: bool,
 }
 
 impl TrainSpec {
@@ -116,13 +122,39 @@ impl TrainSpec {
     }
 }
 
+/// Largest `train.batch_size` and `train.accum_steps`; their product is bounded by
+/// [`MAX_EFFECTIVE_BATCH`].
+pub const MAX_BATCH: usize = 1 << 16;
+/// Largest `batch_size × accum_steps`.
+pub const MAX_EFFECTIVE_BATCH: usize = 1 << 20;
+/// Largest `train.epochs`.
+pub const MAX_EPOCHS: usize = 1_000_000;
+/// Largest `train.max_steps` and `train.warmup_steps`.
+pub const MAX_STEPS: usize = 1_000_000_000;
+
 /// Checks `[train]`; `path` (the config file) names the default output directory.
 pub fn validate(t: &RawTrain, path: &Path) -> Result<TrainSpec, ConfigError> {
     if t.batch_size == 0 {
         return Err(out_of_range("train.batch_size", 0, "must be at least 1"));
     }
+    at_most("train.batch_size", t.batch_size, MAX_BATCH)?;
     if t.epochs == 0 {
         return Err(out_of_range("train.epochs", 0, "must be at least 1"));
+    }
+    at_most("train.epochs", t.epochs, MAX_EPOCHS)?;
+    if let Some(max) = t.max_steps {
+        at_most("train.max_steps", max, MAX_STEPS)?;
+    }
+    at_most("train.warmup_steps", t.warmup_steps, MAX_STEPS)?;
+    if let Some(every) = t.checkpoint_every {
+        if every == 0 {
+            return Err(out_of_range(
+                "train.checkpoint_every",
+                0,
+                "must be at least 1 (or left out: checkpoints at epoch ends only)",
+            ));
+        }
+        at_most("train.checkpoint_every", every, MAX_STEPS)?;
     }
     if t.max_steps == Some(0) {
         return Err(out_of_range(
@@ -159,6 +191,14 @@ pub fn validate(t: &RawTrain, path: &Path) -> Result<TrainSpec, ConfigError> {
             "must be at least 1 (1 = no accumulation)",
         ));
     }
+    at_most("train.accum_steps", t.accum_steps, MAX_BATCH)?;
+    if t.batch_size * t.accum_steps > MAX_EFFECTIVE_BATCH {
+        return Err(out_of_range(
+            "train.accum_steps",
+            t.accum_steps,
+            &format!("train.batch_size × train.accum_steps must be at most {MAX_EFFECTIVE_BATCH}"),
+        ));
+    }
     if !(t.min_lr >= 0.0 && t.min_lr <= t.lr) {
         return Err(out_of_range(
             "train.min_lr",
@@ -185,6 +225,13 @@ pub fn validate(t: &RawTrain, path: &Path) -> Result<TrainSpec, ConfigError> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "run".into());
+    if t.output_dir.as_deref().is_some_and(|d| d.trim().is_empty()) {
+        return Err(out_of_range(
+            "train.output_dir",
+            "\"\"",
+            "must name a folder (or be left out for runs/<config name>)",
+        ));
+    }
     let output_dir = t
         .output_dir
         .clone()
@@ -205,5 +252,7 @@ pub fn validate(t: &RawTrain, path: &Path) -> Result<TrainSpec, ConfigError> {
         warmup_steps: t.warmup_steps,
         min_lr: t.min_lr,
         grad_clip_norm: t.grad_clip_norm,
+        checkpoint_every: t.checkpoint_every,
+        output_dir_given: t.output_dir.is_some(),
     })
 }

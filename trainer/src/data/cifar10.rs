@@ -15,14 +15,28 @@ const TRAIN_FILES: [&str; 5] = [
 ];
 const TEST_FILE: &str = "test_batch.bin";
 
-/// Reads the five train batches and the test batch from `dir`.
+/// The largest batch file read: CIFAR-10's hold 10,000 records (30.7 MB) each.
+const MAX_FILE_BYTES: u64 = 64 << 20;
+
+/// Reads the five train batches and the test batch from `dir`. A split with no record is an
+/// error naming its files: training on it would never advance.
 pub fn load_cifar10(dir: &Path) -> Result<Splits, DataError> {
     let mut train = empty();
     for name in TRAIN_FILES {
         read_into(&dir.join(name), &mut train)?;
     }
+    if train.is_empty() {
+        return Err(DataError::Empty {
+            paths: TRAIN_FILES.iter().map(|n| dir.join(n)).collect(),
+        });
+    }
     let mut eval = empty();
     read_into(&dir.join(TEST_FILE), &mut eval)?;
+    if eval.is_empty() {
+        return Err(DataError::Empty {
+            paths: vec![dir.join(TEST_FILE)],
+        });
+    }
     Ok(Splits { train, eval })
 }
 
@@ -35,10 +49,25 @@ fn empty() -> ImageSet {
 }
 
 fn read_into(path: &Path, set: &mut ImageSet) -> Result<(), DataError> {
-    let bytes = std::fs::read(path).map_err(|error| DataError::Read {
+    let read = |error| DataError::Read {
         path: path.to_owned(),
         error,
-    })?;
+    };
+    let meta = std::fs::metadata(path).map_err(read)?;
+    // A FIFO or device would block or never end; a huge file is not CIFAR-10.
+    if !meta.is_file() {
+        return Err(read(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(DataError::TooLarge {
+            path: path.to_owned(),
+            size: meta.len(),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(read)?;
     if bytes.len() % RECORD != 0 {
         return Err(DataError::Size {
             path: path.to_owned(),

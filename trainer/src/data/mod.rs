@@ -58,6 +58,12 @@ pub enum DataError {
     /// A file whose size is not a whole number of records.
     #[error("{path}: size {size} bytes is not a multiple of 3073 (1 label byte + 3072 pixel bytes per record)")]
     Size { path: PathBuf, size: usize },
+    /// A file far larger than a CIFAR-10 batch.
+    #[error("{path}: {size} bytes is more than a CIFAR-10 batch file holds (at most 64 MiB)")]
+    TooLarge { path: PathBuf, size: u64 },
+    /// A split without a single record.
+    #[error("no images in {}: every file of the split is empty", paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
+    Empty { paths: Vec<PathBuf> },
     /// A label outside 0..=9.
     #[error("{path}: record {record}: label {label} is not in 0..=9")]
     Label {

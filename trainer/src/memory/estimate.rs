@@ -361,8 +361,6 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         .chain(std::iter::once(&in_flight))
         .map(|l| l.bytes)
         .sum();
-    let images = settings.data.images() as u64;
-    let per_image = 3 * (settings.input_size as u64).pow(2) + 1;
     Estimate {
         target,
         parameters: params,
@@ -370,7 +368,11 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         model_state,
         activations,
         in_flight,
-        host_data: line("data set (u8 images + labels)", images * per_image, 1),
+        host_data: line(
+            "data set (u8 images + labels)",
+            super::host::data_bytes(settings),
+            1,
+        ),
         device_peak_bytes,
     }
 }

@@ -14,6 +14,7 @@ pub mod diagnosis;
 pub mod estimate;
 pub mod free_cache;
 pub mod heap;
+pub mod host;
 
 use serde::{Deserialize, Serialize};
 

@@ -5,3 +5,5 @@
 mod config;
 /// The CIFAR-10 reader on small files in the exact binary format, and the batcher.
 mod data;
+/// Hundreds of mutated configs and `--set` strings: no panic, one-line rejections.
+mod fuzz;
