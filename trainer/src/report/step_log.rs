@@ -44,6 +44,40 @@ impl StepLog {
         });
     }
 
+    /// The log a checkpoint saved ([`csv`](Self::csv)'s format), to continue it on resume.
+    /// Rows that do not parse are dropped: the file was verified by its checksum.
+    pub fn parse(csv: &str) -> Self {
+        let entries = csv
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split(',').collect();
+                let [_, step, loss, lr, scale, _] = f[..] else {
+                    return None;
+                };
+                Some(Entry {
+                    step: step.parse().ok()?,
+                    loss: loss.parse().ok()?,
+                    scale: scale.parse().ok()?,
+                    lr: if lr.is_empty() {
+                        None
+                    } else {
+                        Some(lr.parse().ok()?)
+                    },
+                })
+            })
+            .collect();
+        Self { entries }
+    }
+
+    /// The losses of the windows that stepped, in order.
+    pub fn step_losses(&self) -> impl Iterator<Item = f64> + '_ {
+        self.entries
+            .iter()
+            .filter(|e| e.lr.is_some())
+            .map(|e| e.loss)
+    }
+
     /// `window,step,loss,lr,loss_scale,skipped` rows.
     pub fn csv(&self) -> String {
         let mut out = String::from("window,step,loss,lr,loss_scale,skipped\n");
@@ -65,7 +99,7 @@ impl StepLog {
     pub fn write(&self, dir: &Path, scaled: bool) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let csv = dir.join("steps.csv");
-        std::fs::write(&csv, self.csv()).with_context(|| format!("writing {}", csv.display()))?;
+        super::write_atomic(&csv, self.csv().as_bytes())?;
         if scaled && !self.entries.is_empty() {
             self.chart(&dir.join("loss_scale.svg"))?;
         }

@@ -1,17 +1,24 @@
-//! Checkpoints: model weights, optimizer state and the loop's position, written at epoch ends.
+//! Checkpoints: model weights, optimizer state, the loop's position and the step log, written
+//! at epoch ends, every `train.checkpoint_every` steps and when a run is interrupted.
 //!
-//! A checkpoint is a folder: `model.mpk`, `optim.mpk`, `state.json`. Files are written under
-//! temporary names and renamed, so a crash mid-write leaves the previous checkpoint whole.
+//! A checkpoint is a folder: `model.mpk`, `optim.mpk`, `state.json`, `steps.csv` and
+//! `manifest.json`, written and swapped in as one set (see [`super::checkpoint_set`]).
+//!
+//! Resuming continues the *same* run. What defines the data order, the windows, the model and
+//! the precision must not change ([`FIXED_ON_RESUME`]); everything else may (learning rate,
+//! schedule length, `max_steps`, `epochs`, output paths, loss-scaling settings, memory
+//! switches), and the new config's loss scaling wins over the saved scale.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use burn::module::AutodiffModule;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
 use super::accumulate::Position;
+use super::checkpoint_set::{self, CheckpointError};
 use super::optim::Optim;
 use super::step::StepCounters;
 use crate::config::Settings;
@@ -47,17 +54,59 @@ impl LoopState {
     }
 }
 
-/// Writes `model`, `optim` and `state` into `dir`.
+/// Keys a resumed run must share with the checkpoint's run: the data order (data, seed, batch
+/// and accumulation), the model, the optimizer kind and the precision.
+pub const FIXED_ON_RESUME: [&str; 16] = [
+    "model.name",
+    "model.num_classes",
+    "model.input_size",
+    "model.width_multiplier",
+    "model.stem_stride",
+    "data.source",
+    "data.path",
+    "data.train_size",
+    "data.eval_size",
+    "data.seed",
+    "train.batch_size",
+    "train.accum_steps",
+    "train.seed",
+    "train.optimizer",
+    "precision.mode",
+    "precision.batch_norm_f32",
+];
+
+/// The files of a checkpoint set.
+const FILES: [&str; 4] = ["model.mpk", "optim.mpk", "state.json", "steps.csv"];
+
+/// Writes `model`, `optim`, `state` and the step log (`steps_csv`) as one set into `dir`.
 pub fn save<M: AutodiffModule<B>, B: AutodiffBackend>(
     dir: &Path,
     model: &M,
     optim: &Optim<M, B>,
     state: &LoopState,
+    steps_csv: &str,
 ) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("creating checkpoint folder {}", dir.display()))?;
-    let tmp = dir.join(".partial");
-    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let tmp = checkpoint_set::begin(dir)?;
+    let written = write_set(&tmp, model, optim, state, steps_csv)
+        .and_then(|()| checkpoint_set::commit(&tmp, dir, &FILES));
+    if written.is_err() {
+        // A full disk or an I/O error leaves no partial set behind; the previous one stands.
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    written
+}
+
+fn write_set<M: AutodiffModule<B>, B: AutodiffBackend>(
+    tmp: &Path,
+    model: &M,
+    optim: &Optim<M, B>,
+    state: &LoopState,
+    steps_csv: &str,
+) -> anyhow::Result<()> {
     model
         .clone()
         .save_file(
@@ -66,56 +115,105 @@ pub fn save<M: AutodiffModule<B>, B: AutodiffBackend>(
         )
         .with_context(|| format!("writing {}", tmp.join("model.mpk").display()))?;
     optim.save(&tmp.join("optim"))?;
-    let state_path = tmp.join("state.json");
-    std::fs::write(&state_path, serde_json::to_string_pretty(state)?)
-        .with_context(|| format!("writing {}", state_path.display()))?;
-    for name in ["model.mpk", "optim.mpk", "state.json"] {
-        let (from, to) = (tmp.join(name), dir.join(name));
-        std::fs::rename(&from, &to)
-            .with_context(|| format!("moving {} to {}", from.display(), to.display()))?;
+    for (name, text) in [
+        ("state.json", serde_json::to_string_pretty(state)? + "\n"),
+        ("steps.csv", steps_csv.to_string()),
+    ] {
+        let path = tmp.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     }
-    std::fs::remove_dir(&tmp).ok();
     Ok(())
 }
 
-/// Reads a checkpoint folder back into `model` and `optim`, checking it fits the config.
+/// A verified checkpoint: the loop's state and the step log as written.
+pub struct Saved {
+    /// Where the set was read from.
+    pub dir: PathBuf,
+    /// `state.json`.
+    pub state: LoopState,
+    /// `steps.csv`.
+    pub steps_csv: String,
+}
+
+/// Reads and verifies the checkpoint at `dir` and checks that `settings` continue its run.
+pub fn read(dir: &Path, settings: &Settings) -> Result<Saved, CheckpointError> {
+    let set = checkpoint_set::locate(dir)?;
+    checkpoint_set::verify(&set, &FILES)?;
+    let read = |name: &str| {
+        let path = set.join(name);
+        std::fs::read_to_string(&path).map_err(|e| CheckpointError::Corrupt {
+            path: path.clone(),
+            what: format!("unreadable: {e}"),
+        })
+    };
+    let state_path = set.join("state.json");
+    let state: LoopState =
+        serde_json::from_str(&read("state.json")?).map_err(|e| CheckpointError::Corrupt {
+            path: state_path,
+            what: format!("not a loop state: {e}"),
+        })?;
+    let changed = changed_keys(&state.config, &settings.toml);
+    if !changed.is_empty() {
+        return Err(CheckpointError::Mismatch {
+            dir: dir.to_path_buf(),
+            message: format!(
+                "the config changes {} from the checkpoint's run; these define the data order, \
+                 the windows, the model or the precision and cannot change on resume (the \
+                 learning rate and its schedule, max_steps, epochs, output paths, loss scaling \
+                 and the [memory] switches can)",
+                changed.join(", ")
+            ),
+        });
+    }
+    let steps_csv = read("steps.csv")?;
+    Ok(Saved {
+        dir: set,
+        state,
+        steps_csv,
+    })
+}
+
+/// `key saved → now` for every key of [`FIXED_ON_RESUME`] that differs between two configs
+/// (each the TOML a run was validated from).
+fn changed_keys(saved: &str, now: &str) -> Vec<String> {
+    let (saved, now) = (
+        saved.parse::<toml::Table>().unwrap_or_default(),
+        now.parse::<toml::Table>().unwrap_or_default(),
+    );
+    let get = |t: &toml::Table, key: &str| -> String {
+        let (section, leaf) = key.split_once('.').unwrap_or(("", key));
+        t.get(section)
+            .and_then(|s| s.get(leaf))
+            .map_or_else(|| "(default)".into(), ToString::to_string)
+    };
+    FIXED_ON_RESUME
+        .iter()
+        .filter_map(|key| {
+            let (a, b) = (get(&saved, key), get(&now, key));
+            (a != b).then(|| format!("{key} {a} → {b}"))
+        })
+        .collect()
+}
+
+/// Loads the weights and optimizer state of a verified checkpoint.
 pub fn load<M: AutodiffModule<B>, B: AutodiffBackend>(
-    dir: &Path,
+    saved: &Saved,
     model: M,
     optim: Optim<M, B>,
-    expect: &LoopState,
     device: &B::Device,
-) -> anyhow::Result<(M, Optim<M, B>, LoopState)> {
-    let state_path = dir.join("state.json");
-    let text = std::fs::read_to_string(&state_path).with_context(|| {
-        format!(
-            "--resume {}: no checkpoint there ({} unreadable)",
-            dir.display(),
-            state_path.display()
-        )
-    })?;
-    let state: LoopState =
-        serde_json::from_str(&text).with_context(|| format!("reading {}", state_path.display()))?;
-    for (what, saved, now) in [
-        ("model", &state.model, &expect.model),
-        ("optimizer", &state.optimizer, &expect.optimizer),
-    ] {
-        if saved != now {
-            bail!(
-                "--resume {}: checkpoint {what} is {saved}, the config's is {now}",
-                dir.display()
-            );
-        }
-    }
+) -> anyhow::Result<(M, Optim<M, B>)> {
     let model = model
         .load_file(
-            dir.join("model"),
+            saved.dir.join("model"),
             &NamedMpkFileRecorder::<FullPrecisionSettings>::new(),
             device,
         )
-        .with_context(|| format!("reading {}", dir.join("model.mpk").display()))?;
-    let optim = optim.load(&dir.join("optim"), device)?;
-    Ok((model, optim, state))
+        .map_err(|e| CheckpointError::Corrupt {
+            path: saved.dir.join("model.mpk"),
+            what: format!("does not fit this model: {e}"),
+        })?;
+    let optim = optim.load(&saved.dir.join("optim"), device)?;
+    Ok((model, optim))
 }
 
 /// The default checkpoint folder inside a run's output folder.
@@ -125,9 +223,17 @@ pub fn dir(output: &Path) -> PathBuf {
 
 /// "the last checkpoint in DIR is intact", or that none was written yet: for failure messages.
 pub fn describe(dir: &Path) -> String {
-    if dir.join("state.json").exists() {
-        format!("the last checkpoint in {} is intact", dir.display())
-    } else {
-        "no checkpoint had been written yet".into()
+    match checkpoint_set::locate(dir) {
+        Ok(set) => format!(
+            "the last checkpoint in {} is intact (--resume {})",
+            set.display(),
+            set.display()
+        ),
+        Err(_) => "no checkpoint had been written yet".into(),
     }
+}
+
+/// Whether `dir` holds a checkpoint set (complete or cut short by a crash mid-swap).
+pub fn exists(dir: &Path) -> bool {
+    checkpoint_set::locate(dir).is_ok()
 }

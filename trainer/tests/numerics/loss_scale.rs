@@ -5,7 +5,7 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use trainer::training::accumulate::Position;
 use trainer::training::checkpoint::{self, LoopState};
-use trainer::training::step::{Outcome, StepCounters};
+use trainer::training::step::Outcome;
 
 use crate::common::*;
 
@@ -129,34 +129,47 @@ fn scaler_state_round_trips_through_a_checkpoint() {
     );
     let (model, _) = stepper.apply(model, g);
 
-    let state = LoopState {
-        position: Position {
+    let state = LoopState::of(
+        &s,
+        Position {
             epoch: 0,
             window: 2,
         },
-        counters: StepCounters {
-            step: stepper.step,
-            skipped: stepper.skipped,
-            scaler: Some(stepper.scaler.state()),
-        },
-        model: "simple".into(),
-        optimizer: "adam".into(),
-        config: String::new(),
-    };
+        stepper.counters(),
+    );
     let dir = std::env::temp_dir().join(format!("oomlab-scaler-{}", std::process::id()));
-    checkpoint::save(&dir, &model, &stepper.optim, &state).unwrap();
-    let fresh = stepper_for_resume(&s);
-    let (_, _, loaded) = checkpoint::load(
-        &dir,
+    checkpoint::save(&dir, &model, &stepper.optim, &state, "").unwrap();
+    let saved = checkpoint::read(&dir, &s).unwrap();
+    let (_, _) = checkpoint::load(
+        &saved,
         crate::common::model("simple"),
-        fresh,
-        &state,
+        stepper_for_resume(&s),
         &Default::default(),
     )
     .unwrap();
-    assert_eq!(loaded, state);
-    let saved = loaded.counters.scaler.unwrap();
-    assert_eq!((saved.scale, saved.clean_steps), (32768.0, 1));
+    assert_eq!(saved.state, state);
+    let scaler = saved.state.counters.scaler.unwrap();
+    assert_eq!((scaler.scale, scaler.clean_steps), (32768.0, 1));
+
+    // Resumed into dynamic scaling the saved scale continues; the new config's fixed scale or
+    // no scaling wins over it (a fixed 128 once kept 262144 and diverged).
+    let counters = saved.state.counters;
+    let resumed = |sets: &[&str]| {
+        let s = settings(sets);
+        trainer::training::step::Stepper::new(&s, 100, stepper_for_resume(&s), &counters)
+            .scaler
+            .scale()
+    };
+    assert_eq!(resumed(&["precision.mode=f16-mixed"]), 32768.0);
+    assert_eq!(
+        resumed(&["precision.mode=f16-mixed", "precision.loss_scale=128"]),
+        128.0
+    );
+    assert_eq!(
+        resumed(&["precision.mode=f16-mixed", "precision.loss_scale=\"off\""]),
+        1.0
+    );
+    assert_eq!(resumed(&["precision.mode=f32"]), 1.0);
     std::fs::remove_dir_all(&dir).ok();
 }
 
