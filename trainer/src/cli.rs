@@ -183,6 +183,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
 
+    /// Replace the checkpoint an earlier run left in `train.output_dir`.
+    #[arg(long)]
+    pub overwrite: bool,
+
     /// One measuring step for find-batch-size: no budget check, evaluation or checkpoint.
     #[arg(long, hide = true)]
     pub trial: bool,

@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 use crate::config::ConfigError;
 use crate::data::DataError;
 use crate::memory::diagnosis::OutOfMemory;
+use crate::memory::host::{HostMemory, NothingFits};
+use crate::training::checkpoint_set::CheckpointError;
+use crate::training::interrupt::Interrupted;
 
 /// How `trainer` ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -22,12 +25,17 @@ pub enum Exit {
     /// 3: out of memory (over `memory.budget`, over a GPU's free memory, or an allocation
     /// failed): the message ranks the fixes.
     OutOfMemory,
+    /// 130: stopped by SIGINT (Ctrl-C) after writing a checkpoint.
+    Interrupted,
+    /// 143: stopped by SIGTERM after writing a checkpoint.
+    Terminated,
 }
 
 /// The exit codes for `--help`.
 pub const HELP: &str =
-    "Exit codes: 0 done, 1 runtime error, 2 bad config, flag or data, 3 out of memory
-(over memory.budget, or a CUDA allocation failed): the message ranks the fixes.";
+    "Exit codes: 0 done, 1 runtime error, 2 bad config, flag, data or checkpoint, 3 out of memory
+(over memory.budget, or a CUDA allocation failed): the message ranks the fixes; 130 / 143
+stopped by Ctrl-C / SIGTERM after writing a checkpoint (a second signal stops at once).";
 
 impl Exit {
     /// The process exit code.
@@ -37,15 +45,27 @@ impl Exit {
             Self::Runtime => 1,
             Self::BadInput => 2,
             Self::OutOfMemory => 3,
+            Self::Interrupted => 130,
+            Self::Terminated => 143,
         }
     }
 
     /// Which exit an error means.
     pub fn of(error: &anyhow::Error) -> Self {
-        if error.downcast_ref::<OutOfMemory>().is_some() {
+        if let Some(stop) = error.downcast_ref::<Interrupted>() {
+            return match stop.signal {
+                signal_hook::consts::SIGTERM => Self::Terminated,
+                _ => Self::Interrupted,
+            };
+        }
+        if error.downcast_ref::<OutOfMemory>().is_some()
+            || error.downcast_ref::<HostMemory>().is_some()
+            || error.downcast_ref::<NothingFits>().is_some()
+        {
             Self::OutOfMemory
         } else if error.downcast_ref::<ConfigError>().is_some()
             || error.downcast_ref::<DataError>().is_some()
+            || error.downcast_ref::<CheckpointError>().is_some()
         {
             Self::BadInput
         } else {
@@ -66,6 +86,15 @@ pub fn describe(error: &anyhow::Error) -> String {
     if let Some(oom) = error.downcast_ref::<OutOfMemory>() {
         return oom.to_string();
     }
+    if let Some(host) = error.downcast_ref::<HostMemory>() {
+        return host.to_string();
+    }
+    if let Some(none) = error.downcast_ref::<NothingFits>() {
+        return none.to_string();
+    }
+    if let Some(stop) = error.downcast_ref::<Interrupted>() {
+        return stop.to_string();
+    }
     let prefix = match error.downcast_ref::<ConfigError>() {
         Some(_) => "config error",
         None => "error",
@@ -79,8 +108,18 @@ mod tests {
 
     #[test]
     fn help_lists_every_code() {
-        for exit in [Exit::Ok, Exit::Runtime, Exit::BadInput, Exit::OutOfMemory] {
-            assert!(HELP.contains(&format!("{} ", exit.code())), "{exit:?}");
+        for exit in [
+            Exit::Ok,
+            Exit::Runtime,
+            Exit::BadInput,
+            Exit::OutOfMemory,
+            Exit::Interrupted,
+            Exit::Terminated,
+        ] {
+            let listed = HELP
+                .split(|c: char| !c.is_ascii_digit())
+                .any(|n| n == exit.code().to_string());
+            assert!(listed, "{exit:?}");
         }
     }
 }

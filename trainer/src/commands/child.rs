@@ -39,7 +39,7 @@ impl Failure {
     /// Writes it as JSON to `path`.
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
         let json = serde_json::to_string_pretty(self)? + "\n";
-        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))
+        crate::report::write_atomic(path, json.as_bytes())
     }
 
     /// Whether it ran out of memory.
@@ -55,6 +55,7 @@ pub struct Args {
     config: Option<PathBuf>,
     sets: Vec<String>,
     trial: bool,
+    overwrite: bool,
 }
 
 impl Args {
@@ -75,6 +76,12 @@ impl Args {
     /// Adds several `--set`s, in order.
     pub fn sets<S: Into<String>>(mut self, sets: impl IntoIterator<Item = S>) -> Self {
         self.sets.extend(sets.into_iter().map(Into::into));
+        self
+    }
+
+    /// Replaces what an earlier child left in its folder (`--overwrite`): the parent owns it.
+    pub fn overwrite(mut self) -> Self {
+        self.overwrite = true;
         self
     }
 
@@ -104,6 +111,9 @@ impl Args {
         }
         if self.trial {
             args.push("--trial".into());
+        }
+        if self.overwrite {
+            args.push("--overwrite".into());
         }
         args
     }

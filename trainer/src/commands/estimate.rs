@@ -1,7 +1,5 @@
 //! `trainer estimate`: the analytic memory breakdown of a config, without training.
 
-use anyhow::Context;
-
 use super::{dry_run_ok, settings};
 use crate::cli::EstimateArgs;
 use crate::config::Purpose;
@@ -20,8 +18,7 @@ pub fn run(args: EstimateArgs, dry: bool) -> anyhow::Result<()> {
     let e = estimate(&settings, Target::of(settings.backend));
     print!("{}", e.table());
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&e)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+        crate::report::write_atomic(path, (serde_json::to_string_pretty(&e)? + "\n").as_bytes())?;
     }
     Ok(())
 }

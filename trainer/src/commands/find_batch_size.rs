@@ -9,8 +9,6 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use anyhow::Context;
-
 use super::child;
 use super::{dry_run_ok, settings};
 use crate::backend::{self, Selected};
@@ -123,7 +121,11 @@ pub fn find(search: &Search) -> anyhow::Result<Found> {
     }
     if good == 0 {
         bar.finish_and_clear();
-        anyhow::bail!("even a micro-batch of 1 does not fit: see the trial above");
+        // Out of memory at the smallest batch: the same exit as any out-of-memory run.
+        return Err(crate::memory::host::NothingFits {
+            limit: search.limit,
+        }
+        .into());
     }
     if let Some(mut bad) = bad {
         // To within 1/16 of the answer: finer steps cost trials and gain little.
@@ -225,8 +227,10 @@ pub fn run(args: FindArgs, dry: bool) -> anyhow::Result<()> {
         .map_or_else(|| "configs/amp.toml".into(), |c| c.display().to_string());
     print!("{}", found.describe(&shown));
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&found)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+        crate::report::write_atomic(
+            path,
+            (serde_json::to_string_pretty(&found)? + "\n").as_bytes(),
+        )?;
     }
     Ok(())
 }

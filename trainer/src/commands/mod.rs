@@ -4,6 +4,7 @@ pub mod child;
 pub mod compare;
 pub mod estimate;
 pub mod find_batch_size;
+pub mod outputs;
 pub mod run;
 
 use std::path::Path;

@@ -1,6 +1,6 @@
 //! The default command: train one config and print its summary.
 
-use super::{dry_run_ok, settings};
+use super::{dry_run_ok, outputs, settings};
 use crate::backend::{self, CpuBackend, CpuCheckpointed, CudaBackend, CudaCheckpointed, Selected};
 use crate::cli::RunArgs;
 use crate::config::{Checkpointing, Purpose};
@@ -9,6 +9,7 @@ use crate::memory::cuda::{device_memory, CudaProbe};
 use crate::memory::diagnosis;
 use crate::memory::estimate::Target;
 use crate::memory::heap::HeapProbe;
+use crate::memory::host;
 use crate::training::{train, RunOptions};
 
 /// Trains, prints the summary table and writes `--summary-json`.
@@ -21,6 +22,16 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
     if let Some(note) = &settings.precision.note {
         eprintln!("note: {note}");
     }
+    host::check(&settings)?;
+    let settings = match cli.trial {
+        true => settings,
+        false => outputs::prepare(
+            settings,
+            cli.resume.as_deref(),
+            cli.overwrite,
+            cli.summary_json.as_deref(),
+        )?,
+    };
     let selected = backend::select(settings.backend, settings.cuda_index)?;
     let target = Target::of(selected.kind());
     if !cli.trial {

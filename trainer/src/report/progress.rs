@@ -48,8 +48,13 @@ impl Progress {
 
     /// An epoch's end: printed above the bar (to stderr), kept in logs.
     pub fn epoch(&self, epoch: usize, train_loss: f64, eval: EvalResult) {
+        let train_loss = match train_loss.is_nan() {
+            // NaN here means no step of the run has been taken yet, not a NaN loss.
+            true => "n/a (no step taken: every window was skipped)".into(),
+            false => format!("{train_loss:.4}"),
+        };
         let line = format!(
-            "epoch {epoch}: train loss {train_loss:.4} | eval loss {:.4} | eval accuracy {:.2}%",
+            "epoch {epoch}: train loss {train_loss} | eval loss {:.4} | eval accuracy {:.2}%",
             eval.loss,
             100.0 * eval.accuracy
         );

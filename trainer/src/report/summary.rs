@@ -2,7 +2,6 @@
 
 use std::path::Path;
 
-use anyhow::Context;
 use burn::tensor::backend::AutodiffBackend;
 use burn_models::dtype_name;
 use serde::{Deserialize, Serialize};
@@ -209,7 +208,7 @@ impl Summary {
     /// Writes the JSON form to `path`.
     pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
         let json = serde_json::to_string_pretty(self)?;
-        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))
+        super::write_atomic(path, (json + "\n").as_bytes())
     }
 }
 

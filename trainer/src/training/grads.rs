@@ -9,7 +9,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::DType;
 
-/// Multiplies every gradient of `model` in `grads` by `factor`.
+/// Multiplies every gradient of `model` in `grads` by `factor`, in f32.
 pub fn scale<B: AutodiffBackend, M: AutodiffModule<B>>(
     model: &M,
     grads: GradientsParams,
@@ -22,7 +22,14 @@ pub fn scale<B: AutodiffBackend, M: AutodiffModule<B>>(
     impl<B: AutodiffBackend> ModuleVisitor<B> for Scale {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
-                self.grads.register(param.id, g.mul_scalar(self.factor));
+                // Half gradients (pure f16) are scaled in f32 and rounded once: multiplying
+                // in f16 by 1/65536 flushes small values a second time.
+                let dtype = g.dtype();
+                let g = match dtype {
+                    DType::F32 => g.mul_scalar(self.factor),
+                    _ => g.cast(DType::F32).mul_scalar(self.factor).cast(dtype),
+                };
+                self.grads.register(param.id, g);
             }
         }
     }
@@ -32,6 +39,30 @@ pub fn scale<B: AutodiffBackend, M: AutodiffModule<B>>(
     let mut visitor = Scale { grads, factor };
     model.visit(&mut visitor);
     visitor.grads
+}
+
+/// Whether every float parameter of `model` is finite.
+pub fn all_finite<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> bool {
+    struct MaxAbs<B: Backend>(Vec<Tensor<B, 1>>);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for MaxAbs<B::InnerBackend> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let t = param.val().inner();
+            // The largest magnitude is inf/NaN exactly when some element is.
+            self.0.push(
+                burn_models::cast(t, DType::F32)
+                    .abs()
+                    .flatten::<1>(0, D - 1)
+                    .max(),
+            );
+        }
+    }
+    let mut visitor = MaxAbs::<B::InnerBackend>(Vec::new());
+    model.visit(&mut visitor);
+    if visitor.0.is_empty() {
+        return true;
+    }
+    let largest: f64 = Tensor::cat(visitor.0, 0).sum().into_scalar().elem();
+    largest.is_finite()
 }
 
 /// The L2 norm over all gradients, computed in f32 and read back once. It is not finite

@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::LossScaleSpec;
+use crate::config::{LossScaleSpec, MAX_SCALE, MIN_SCALE};
 
 /// The scaler's state; saved in checkpoints so a resumed run keeps its scale.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -72,11 +72,9 @@ impl LossScaler {
         self.state = state;
     }
 
-    /// Judges a step from the global norm of its unscaled gradients and updates the scale.
+    /// Judges a step from the global norm of its unscaled gradients and updates the scale. A
+    /// non-finite norm is skipped whether or not the loss is scaled.
     pub fn update(&mut self, grad_norm: f64) -> Verdict {
-        if !self.is_active() {
-            return Verdict::Step;
-        }
         let finite = grad_norm.is_finite();
         if let LossScaleSpec::Dynamic {
             growth_factor,
@@ -88,11 +86,12 @@ impl LossScaler {
             if finite {
                 self.state.clean_steps += 1;
                 if self.state.clean_steps == growth_interval {
-                    self.state.scale *= growth_factor;
+                    // Bounded, so no run of clean steps grows it to infinity.
+                    self.state.scale = (self.state.scale * growth_factor).min(MAX_SCALE);
                     self.state.clean_steps = 0;
                 }
             } else {
-                self.state.scale *= backoff_factor;
+                self.state.scale = (self.state.scale * backoff_factor).max(MIN_SCALE);
                 self.state.clean_steps = 0;
             }
         }
@@ -166,12 +165,15 @@ mod tests {
     }
 
     #[test]
-    fn fixed_scale_skips_but_never_moves_and_off_never_skips() {
+    fn fixed_scale_skips_but_never_moves_and_off_skips_without_a_scale() {
         let mut fixed = LossScaler::new(LossScaleSpec::Fixed(128.0));
         assert_eq!(fixed.update(f64::INFINITY), Verdict::Skip);
         assert_eq!(fixed.scale(), 128.0);
         let mut off = LossScaler::new(LossScaleSpec::Off);
-        assert_eq!(off.update(f64::NAN), Verdict::Step);
+        // Without scaling an inf/NaN gradient is still skipped (issue 13: f32 with a huge
+        // learning rate wrote non-finite weights), and there is no scale to move.
+        assert_eq!(off.update(f64::NAN), Verdict::Skip);
+        assert_eq!(off.update(1.0), Verdict::Step);
         assert_eq!((off.scale(), off.describe().as_str()), (1.0, "off"));
     }
 }

@@ -14,8 +14,10 @@
 
 pub mod accumulate;
 pub mod checkpoint;
+pub mod checkpoint_set;
 pub mod eval;
 pub mod grads;
+pub mod interrupt;
 pub mod loss_scale;
 pub mod lost_updates;
 pub mod optim;
@@ -36,13 +38,17 @@ use crate::config::{unsupported_dtype, PrecisionMode, Settings};
 use crate::data::{self, shuffled, Batcher};
 use crate::memory::{MemoryProbe, Phase};
 use crate::model::{cast_params, Classifier};
+use crate::report::step_log::StepLog;
 use crate::report::summary::Summary;
 use accumulate::{window_gradients, Position, Windows};
 use checkpoint::LoopState;
+use checkpoint_set::CheckpointError;
 use eval::evaluate;
+use interrupt::Interrupt;
+
 use optim::Optim;
 use record::Record;
-use step::{StepCounters, Stepper};
+use step::{Outcome, StepCounters, Stepper};
 
 /// How a run starts and ends, beyond its config.
 #[derive(Debug, Clone, Copy, Default)]
@@ -85,11 +91,15 @@ where
     };
     let n = splits.train.len();
     let per_epoch = windows.per_epoch(n);
+    // The run ends after this many optimizer steps; in epochs mode a skipped step is made up
+    // by a window of the next epoch's order, so the schedule always reaches its end.
     let total_steps = t.max_steps.unwrap_or(t.epochs * per_epoch);
-    let fresh = LoopState::of(settings, Position::default(), StepCounters::default());
-    let (mut model, optim, saved) = match options.resume {
-        Some(dir) => resume(dir, settings, model, &fresh, &device)?,
-        None => (model, Optim::new(t), fresh),
+    let (mut model, optim, saved, log) = match options.resume {
+        Some(dir) => resume(dir, settings, model, per_epoch, &device)?,
+        None => {
+            let fresh = LoopState::of(settings, Position::default(), StepCounters::default());
+            (model, Optim::new(t), fresh, StepLog::default())
+        }
     };
     if p.mode == PrecisionMode::F16 {
         // No master weights: the parameters themselves become f16.
@@ -97,40 +107,46 @@ where
     }
     let mut stepper = Stepper::new(settings, total_steps, optim, &saved.counters);
     let mut position = saved.position;
-    let mut record = Record::new(settings, total_steps, stepper.step, started);
+    let mut record = Record::new(settings, total_steps, stepper.step, log, started);
     let checkpoint_dir = checkpoint::dir(&t.output_dir);
-    // Checkpoint, step log and evaluation: at every epoch's end, and at a run's end mid-epoch.
-    let save_and_evaluate = |model: &Classifier<B>,
-                             stepper: &Stepper<Classifier<B>, B>,
-                             position: Position,
-                             epoch_end: bool,
-                             record: &mut Record|
+    let interrupt = Interrupt::install().context("installing the Ctrl-C handler")?;
+    let save = |model: &Classifier<B>,
+                stepper: &Stepper<Classifier<B>, B>,
+                position: Position,
+                record: &Record|
      -> anyhow::Result<()> {
+        if !grads::all_finite(model) {
+            // Never checkpoint weights a step has already overflowed.
+            return Err(record.diverged_weights(stepper));
+        }
         let state = LoopState::of(settings, position, stepper.counters());
-        checkpoint::save(&checkpoint_dir, model, &stepper.optim, &state)
-            .with_context(|| format!("saving the checkpoint after step {}", stepper.step))?;
-        record.write_log()?;
-        let eval = evaluate(
-            &model.valid(),
-            &splits.eval,
-            &batcher,
-            t.batch_size,
-            &policy,
-            &device,
-        );
-        record.evaluated(position.epoch, epoch_end, eval);
-        Ok(())
+        checkpoint::save(
+            &checkpoint_dir,
+            model,
+            &stepper.optim,
+            &state,
+            &record.log_csv(),
+        )
+        .with_context(|| format!("saving the checkpoint after step {}", stepper.step))?;
+        record.write_log()
     };
-    let done = |s: &Stepper<_, _>, epoch: usize| match t.max_steps {
-        Some(max) => s.step >= max,
-        None => epoch >= t.epochs,
+    let eval_now = |model: &Classifier<B>| {
+        let (eval, b) = (&splits.eval, t.batch_size);
+        evaluate(&model.valid(), eval, &batcher, b, &policy, &device)
+    };
+    let done = |s: &Stepper<_, _>| s.step >= total_steps;
+    let every = |o: Outcome, s: &Stepper<_, _>| {
+        let due = t
+            .checkpoint_every
+            .is_some_and(|k| o.stepped() && s.step % k == 0);
+        due && !options.trial
     };
 
-    while !done(&stepper, position.epoch) {
+    while !done(&stepper) {
         let order = shuffled(n, t.seed, position.epoch as u64);
         // Resuming mid-epoch skips the windows already trained on.
         for window in windows.split(&order).skip(position.window) {
-            if done(&stepper, position.epoch) {
+            if done(&stepper) {
                 break;
             }
             probe.sample(Phase::WindowStart);
@@ -145,19 +161,28 @@ where
             probe.sample(Phase::AfterStep);
             record.window(window.len(), w.loss, outcome, &stepper, &model, before)?;
             position.window += 1;
+            let stop = interrupt.requested().filter(|_| !options.trial);
+            if stop.is_some() || every(outcome, &stepper) {
+                save(&model, &stepper, position, &record)?;
+            }
+            if let Some(signal) = stop {
+                return Err(record.interrupted(signal, &stepper, &checkpoint_dir));
+            }
         }
-        if position.window == per_epoch {
+        if position.window >= per_epoch {
             position.next_epoch();
             settings.memory.free_cache.after_epoch::<B>(&device);
             if !options.trial {
-                save_and_evaluate(&model, &stepper, position, true, &mut record)?;
+                save(&model, &stepper, position, &record)?;
+                record.evaluated(position.epoch, true, eval_now(&model));
             }
         }
     }
     record.finish();
-    // A run stopped by max_steps mid-epoch is saved and evaluated at its end too.
+    // A run that ends mid-epoch is saved and evaluated at its end too.
     if !options.trial && (position.window != 0 || record.eval().is_none()) {
-        save_and_evaluate(&model, &stepper, position, false, &mut record)?;
+        save(&model, &stepper, position, &record)?;
+        record.evaluated(position.epoch, false, eval_now(&model));
     }
     Ok(Summary::from_run(
         settings,
@@ -170,16 +195,16 @@ where
     ))
 }
 
-/// Where a run starts: the model, its optimizer and the loop's state.
-type Start<B> = (Classifier<B>, Optim<Classifier<B>, B>, LoopState);
+/// Where a run starts: the model, its optimizer, the loop's state and the step log so far.
+type Start<B> = (Classifier<B>, Optim<Classifier<B>, B>, LoopState, StepLog);
 
-/// Reads the checkpoint in `dir` into `model` and a fresh optimizer, checking it belongs to a
-/// run like `fresh`.
+/// Reads, verifies and loads the checkpoint in `dir`, checking that `settings` continue its
+/// run and that its position lies inside an epoch of `per_epoch` windows.
 fn resume<B: AutodiffBackend>(
     dir: &Path,
     settings: &Settings,
     model: Classifier<B>,
-    fresh: &LoopState,
+    per_epoch: usize,
     device: &B::Device,
 ) -> anyhow::Result<Start<B>>
 where
@@ -191,8 +216,19 @@ where
              f32 weights, and this mode has none to return to"
         );
     }
-    let (model, optim, mut state) =
-        checkpoint::load(dir, model, Optim::new(&settings.train), fresh, device)?;
+    let saved = checkpoint::read(dir, settings)?;
+    let window = saved.state.position.window;
+    if window >= per_epoch {
+        // Every window of an epoch ends in a checkpoint at window 0 of the next: this state
+        // was not written by a run of this config (and would never advance).
+        return Err(CheckpointError::Corrupt {
+            path: saved.dir.join("state.json"),
+            what: format!("window {window} is past the {per_epoch} windows of an epoch"),
+        }
+        .into());
+    }
+    let (model, optim) = checkpoint::load(&saved, model, Optim::new(&settings.train), device)?;
+    let mut state = saved.state;
     state.config = settings.toml.clone();
-    Ok((model, optim, state))
+    Ok((model, optim, state, StepLog::parse(&saved.steps_csv)))
 }

@@ -11,8 +11,9 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::checkpoint;
 use super::eval::EvalResult;
+use super::interrupt::Interrupted;
 use super::lost_updates::Before;
-use super::step::{Outcome, Stepper, MAX_CONSECUTIVE_SKIPS};
+use super::step::{Outcome, Stepper};
 use crate::config::{LossScaleSpec, Settings};
 use crate::report::progress::Progress;
 use crate::report::step_log::StepLog;
@@ -41,12 +42,18 @@ pub struct Record {
 
 impl Record {
     /// A record for a run of `settings` over `total_steps` steps, `done` of them already
-    /// taken (when resuming), which began at `started`.
-    pub fn new(settings: &Settings, total_steps: usize, done: usize, started: Instant) -> Self {
+    /// taken, continuing `log` (empty for a fresh run), which began at `started`.
+    pub fn new(
+        settings: &Settings,
+        total_steps: usize,
+        done: usize,
+        log: StepLog,
+        started: Instant,
+    ) -> Self {
         Self {
             progress: Progress::new(total_steps, done),
-            log: StepLog::default(),
-            losses: Vec::new(),
+            losses: log.step_losses().collect(),
+            log,
             train_seconds: 0.0,
             images: 0,
             // Pure f16 has no master weights; how many updates round away is what it teaches.
@@ -103,14 +110,61 @@ impl Record {
             self.progress.finish();
             // The log of what led up to it is the most useful thing to keep.
             self.write_log()?;
+            let cause = if stepper.scaler.is_active() {
+                format!(
+                    "the loss scale backed off to {describe} without one finite step, so the \
+                     loss or the weights themselves are inf/NaN: lower train.lr (now {:.3e}) \
+                     or set train.grad_clip_norm",
+                    stepper.lr()
+                )
+            } else {
+                format!(
+                    "with loss scaling off, the inf/NaN comes from the model: lower train.lr \
+                     (now {:.3e}) or set train.grad_clip_norm",
+                    stepper.lr()
+                )
+            };
             anyhow::bail!(
-                "training diverged: the last {MAX_CONSECUTIVE_SKIPS} optimizer steps all had \
-                 inf/NaN gradients (loss scale now {describe}, last loss {loss}); the weights \
-                 were not updated by them; {}",
+                "training diverged: the last {} optimizer steps all had inf/NaN gradients (last \
+                 loss {loss}) and were skipped, so the weights were not updated by them; {cause}; \
+                 {}",
+                stepper.max_skips(),
                 checkpoint::describe(&checkpoint::dir(&self.output_dir))
             );
         }
         Ok(())
+    }
+
+    /// The error for weights that an update made inf/NaN (found before checkpointing them).
+    pub fn diverged_weights<M: AutodiffModule<B>, B: AutodiffBackend>(
+        &self,
+        stepper: &Stepper<M, B>,
+    ) -> anyhow::Error {
+        self.progress.finish();
+        anyhow::anyhow!(
+            "training diverged: after step {} the weights are no longer finite (an update too \
+             large for f32); lower train.lr (now {:.3e}) or set train.grad_clip_norm; they were \
+             not checkpointed: {}",
+            stepper.step,
+            stepper.lr(),
+            checkpoint::describe(&checkpoint::dir(&self.output_dir))
+        )
+    }
+
+    /// The error for a run stopped by `signal` after checkpointing into `dir`.
+    pub fn interrupted<M: AutodiffModule<B>, B: AutodiffBackend>(
+        &self,
+        signal: i32,
+        stepper: &Stepper<M, B>,
+        dir: &std::path::Path,
+    ) -> anyhow::Error {
+        self.progress.finish();
+        Interrupted {
+            signal,
+            step: stepper.step,
+            checkpoint: dir.to_path_buf(),
+        }
+        .into()
     }
 
     /// An evaluation after `epoch` epochs; printed above the bar when it ends an epoch.
@@ -119,6 +173,11 @@ impl Record {
             self.progress.epoch(epoch, self.final_train_loss(), eval);
         }
         self.eval = Some(eval);
+    }
+
+    /// The step log so far, as CSV (saved with every checkpoint).
+    pub fn log_csv(&self) -> String {
+        self.log.csv()
     }
 
     /// Writes steps.csv (and loss_scale.svg with scaling on) into the output folder.

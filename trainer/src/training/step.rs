@@ -11,7 +11,7 @@ use super::grads;
 use super::loss_scale::{LossScaler, ScalerState, Verdict};
 use super::optim::Optim;
 use super::schedule::LrSchedule;
-use crate::config::Settings;
+use crate::config::{LossScaleSpec, Settings};
 
 /// What happened to one window's gradients.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -23,6 +23,13 @@ pub enum Outcome {
     },
     /// An inf or NaN gradient: nothing was updated.
     Skipped,
+}
+
+impl Outcome {
+    /// Whether the weights were updated.
+    pub fn stepped(self) -> bool {
+        matches!(self, Self::Stepped { .. })
+    }
 }
 
 /// What a stepper carries across a checkpoint: its counters and the loss scaler's state.
@@ -56,9 +63,13 @@ pub struct Stepper<M: AutodiffModule<B>, B: AutodiffBackend> {
     consecutive_skips: usize,
 }
 
-/// Skipped steps in a row after which the run is declared diverged: the scale has backed off
-/// by 2⁶⁴, so the overflow is not the scale's doing (NaN weights or loss).
+/// Skipped steps in a row after which a run with loss scaling is declared diverged: the scale
+/// has backed off by 2⁶⁴ (or to its floor), so the overflow is not the scale's doing.
 pub const MAX_CONSECUTIVE_SKIPS: usize = 64;
+
+/// The same without loss scaling: nothing changes between skipped windows but the batch, so
+/// a few in a row already mean the weights or the learning rate are at fault.
+pub const MAX_CONSECUTIVE_SKIPS_UNSCALED: usize = 8;
 
 impl<M: AutodiffModule<B>, B: AutodiffBackend> Stepper<M, B> {
     /// The stepper `settings` describe for a run of `total_steps` optimizer steps, driving
@@ -70,8 +81,11 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> Stepper<M, B> {
         saved: &StepCounters,
     ) -> Self {
         let t = &settings.train;
-        let mut scaler = LossScaler::new(settings.precision.loss_scale);
-        if let Some(state) = saved.scaler {
+        let spec = settings.precision.loss_scale;
+        let mut scaler = LossScaler::new(spec);
+        // The new config's scaling wins: a saved dynamic scale continues only into dynamic
+        // scaling; a fixed scale or none starts as configured.
+        if let (Some(state), LossScaleSpec::Dynamic { .. }) = (saved.scaler, spec) {
             scaler.restore(state);
         }
         Self {
@@ -94,9 +108,18 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> Stepper<M, B> {
         }
     }
 
-    /// Whether the last [`MAX_CONSECUTIVE_SKIPS`] windows all overflowed.
+    /// Whether the last [`max_skips`](Self::max_skips) windows all overflowed.
     pub fn diverged(&self) -> bool {
-        self.consecutive_skips >= MAX_CONSECUTIVE_SKIPS
+        self.consecutive_skips >= self.max_skips()
+    }
+
+    /// Skipped windows in a row that mean the run has diverged.
+    pub fn max_skips(&self) -> usize {
+        if self.scaler.is_active() {
+            MAX_CONSECUTIVE_SKIPS
+        } else {
+            MAX_CONSECUTIVE_SKIPS_UNSCALED
+        }
     }
 
     /// The learning rate the next step will use.
@@ -107,19 +130,15 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> Stepper<M, B> {
     /// Applies `grads` (computed with the loss multiplied by the scaler's current scale).
     pub fn apply(&mut self, model: M, grads: GradientsParams) -> (M, Outcome) {
         let grads = grads::scale(&model, grads, 1.0 / self.scaler.scale());
-        let checked = self.scaler.is_active() || self.clip_norm.is_some();
-        let norm = checked.then(|| grads::global_norm(&model, &grads));
-        if let Some(norm) = norm {
-            if self.scaler.update(norm) == Verdict::Skip {
-                self.skipped += 1;
-                self.consecutive_skips += 1;
-                return (model, Outcome::Skipped);
-            }
+        // Every mode checks: an inf or NaN gradient never reaches the weights.
+        let norm = grads::global_norm(&model, &grads);
+        if self.scaler.update(norm) == Verdict::Skip {
+            self.skipped += 1;
+            self.consecutive_skips += 1;
+            return (model, Outcome::Skipped);
         }
-        let grads = match (self.clip_norm, norm) {
-            (Some(max), Some(norm)) if norm > max => {
-                grads::scale(&model, grads, max / (norm + 1e-6))
-            }
+        let grads = match self.clip_norm {
+            Some(max) if norm > max => grads::scale(&model, grads, max / (norm + 1e-6)),
             _ => grads,
         };
         let lr = self.lr();

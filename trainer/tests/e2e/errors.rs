@@ -46,7 +46,8 @@ fn unknown_key_in_a_file_exits_2() {
         2,
         "config error: train.batch: unknown field `batch`, expected one of `batch_size`, `epochs`, \
          `max_steps`, `optimizer`, `lr`, `momentum`, `weight_decay`, `seed`, `output_dir`, \
-         `accum_steps`, `lr_schedule`, `warmup_steps`, `min_lr`, `grad_clip_norm`",
+         `accum_steps`, `lr_schedule`, `warmup_steps`, `min_lr`, `grad_clip_norm`, \
+         `checkpoint_every`",
     );
 }
 

@@ -128,7 +128,13 @@ fn compare_runs_each_config_and_reports_failures_as_rows() {
     args.extend(SMALL.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = run(&args);
-    assert!(out.status.success(), "{}", stderr(&out));
+    // One config failed: the report is written and the exit code says so.
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("1 of 3 configs failed"),
+        "{}",
+        stderr(&out)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("| ")).collect();
     assert_eq!(rows.len(), 4, "header and three configs:\n{stdout}");

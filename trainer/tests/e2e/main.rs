@@ -12,6 +12,8 @@ mod fixes;
 mod memory;
 /// Mixed precision, loss scaling and accumulation through the binary.
 mod precision;
+/// Hostile input: no hang, no silent wrong state, nothing lost (issue 13).
+mod reliability;
 /// Checkpoints and `--resume`.
 mod resume;
 /// Training runs: both models learn, runs are reproducible, backends are chosen right.

@@ -164,8 +164,13 @@ fn fixes_are_ranked_by_predicted_saving() {
     for pair in fixes.windows(2) {
         assert!(pair[0].saves >= pair[1].saves, "{names:?} not ranked");
     }
+    // Magnitudes the model implies: half-precision activations save well over a quarter of
+    // this activation-dominated peak, and quartering the micro-batch saves more than halving.
+    let saves = |what: &str| fixes.iter().find(|f| f.what == what).map(|f| f.saves);
+    assert!(saves("f16 mixed precision").unwrap() > now / 4, "{names:?}");
+    assert!(saves("batch 32 × accum 4").unwrap() > saves("batch 64 × accum 2").unwrap());
     for f in &fixes {
-        assert_eq!(f.peak + f.saves, now, "{}", f.what);
+        assert!(f.peak < now, "{}", f.what);
         let with = settings(
             &[
                 &[

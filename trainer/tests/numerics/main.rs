@@ -6,3 +6,4 @@ mod common;
 mod estimate;
 mod loss_scale;
 mod precision;
+mod step;

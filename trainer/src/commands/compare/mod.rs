@@ -130,6 +130,14 @@ impl Sweep {
         if key.trim().is_empty() || values.iter().any(String::is_empty) {
             return Err(bad());
         }
+        if key.trim() == "train.output_dir" {
+            return Err(ConfigError::Value {
+                key: "--sweep",
+                value: arg.into(),
+                allowed: "compare gives every run its own folder under --out: sweep another key"
+                    .into(),
+            });
+        }
         Ok(Self {
             key: key.trim().into(),
             values,
@@ -139,6 +147,25 @@ impl Sweep {
     /// The last part of the key: `batch_size` for `train.batch_size`.
     fn leaf(&self) -> &str {
         self.key.rsplit('.').next().unwrap_or(&self.key)
+    }
+}
+
+/// A row name as one safe folder name: letters, digits, `.`, `_` and `-` kept, anything else
+/// (`/`, spaces, `=`) a `-`, and no name that is only dots, so `--sweep data.path=../../x`
+/// stays inside `--out`.
+fn folder_name(name: &str) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '.' | '_' | '-' => c,
+            _ => '-',
+        })
+        .take(100)
+        .collect();
+    if safe.chars().all(|c| c == '.') {
+        format!("run{safe}").replace('.', "-")
+    } else {
+        safe
     }
 }
 
@@ -188,14 +215,12 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
     for (config, name, extra) in runs {
         bar.set_message(name.clone());
-        let dir = unique_dir(
-            &plan.out.join("runs"),
-            &name.replace([' ', '='], "-"),
-            &mut taken,
-        );
+        let dir = unique_dir(&plan.out.join("runs"), &folder_name(&name), &mut taken);
+        // --out is compare's own folder: a repeated compare replaces its runs.
         let args = child::Args::new(Some(config))
             .sets(overrides.iter().cloned())
-            .sets(extra);
+            .sets(extra)
+            .overwrite();
         rows.push(match child::train(&args, &dir)? {
             Ok(summary) => Row::finished(config, name, summary),
             Err(failure) => {
@@ -243,8 +268,12 @@ pub fn run(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
         rows.len(),
         plan.out.display()
     );
-    if failed == rows.len() {
-        anyhow::bail!("every config failed (see the error column)");
+    if failed > 0 {
+        // The report is written either way; the exit code says not every row is a result.
+        anyhow::bail!(
+            "{failed} of {} configs failed (see the error column of report.md)",
+            rows.len()
+        );
     }
     Ok(())
 }

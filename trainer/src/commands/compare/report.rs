@@ -220,7 +220,7 @@ pub fn write_all(rows: &[Row], dir: &Path, heading: &str) -> anyhow::Result<()> 
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let write = |name: &str, text: String| {
         let path = dir.join(name);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+        crate::report::write_atomic(&path, text.as_bytes())
     };
     write("report.md", format!("{heading}\n\n{}", markdown(rows)))?;
     write("report.csv", csv(rows))?;

@@ -1,0 +1,498 @@
+//! Hostile and careless input through the binary: no hang, no silent wrong state, nothing
+//! lost. Each test reproduces one failure of issue 13 and checks its clean end.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::common::{arg, binary, root, run, stderr, summary, temp};
+
+/// A small, fast run: 256 images in batches of 64 (4 windows an epoch).
+const SMALL: [&str; 8] = [
+    "--backend",
+    "cpu",
+    "--set",
+    "data.train_size=256",
+    "--set",
+    "data.eval_size=64",
+    "--set",
+    "train.batch_size=64",
+];
+
+fn with_small<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = SMALL.to_vec();
+    all.extend_from_slice(args);
+    all
+}
+
+fn first_line(out: &std::process::Output) -> String {
+    stderr(out).lines().next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn config_that_is_not_a_regular_file_is_refused_without_reading() {
+    let started = Instant::now();
+    let out = run(&["--config", "/dev/zero", "--dry-run"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        first_line(&out),
+        "config error: cannot read config /dev/zero: not a regular file"
+    );
+    let dir = temp("fifo");
+    let fifo = dir.join("config.toml");
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    if made.is_ok_and(|s| s.success()) {
+        let out = run(&["--config", &arg(&fifo), "--dry-run"]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(first_line(&out).ends_with("not a regular file"));
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "no read blocks"
+    );
+}
+
+#[test]
+fn an_empty_cifar_split_is_named_not_trained_on() {
+    let dir = temp("empty-cifar");
+    for n in 1..=5 {
+        std::fs::write(dir.join(format!("data_batch_{n}.bin")), b"").unwrap();
+    }
+    std::fs::write(dir.join("test_batch.bin"), b"").unwrap();
+    let path = format!("data.path={}", toml(&dir));
+    let output = format!("train.output_dir={}", toml(&dir.join("run")));
+    let out = run(&[
+        "--backend",
+        "cpu",
+        "--set",
+        "data.source=cifar10",
+        "--set",
+        &path,
+        "--set",
+        &output,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let line = first_line(&out);
+    assert!(
+        line.starts_with("error: no images in ") && line.contains("data_batch_5.bin"),
+        "{line}"
+    );
+    assert!(line.ends_with("every file of the split is empty"), "{line}");
+}
+
+/// A path as a TOML string for `--set`.
+fn toml(path: &Path) -> String {
+    format!("\"{}\"", path.display())
+}
+
+#[test]
+fn outputs_are_checked_before_the_first_step() {
+    let dir = temp("outputs");
+    let file = dir.join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let set = format!("train.output_dir={}", toml(&file));
+    let out = run(&with_small(&["--set", &set]));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        first_line(&out).starts_with(&format!(
+            "config error: train.output_dir = {}: cannot write there: ",
+            file.display()
+        )),
+        "{}",
+        first_line(&out)
+    );
+    let long = format!("train.output_dir={}", toml(&dir.join("x".repeat(300))));
+    let out = run(&with_small(&["--set", &long]));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        first_line(&out).contains("File name too long"),
+        "{}",
+        first_line(&out)
+    );
+    let json = arg(&dir.join("no-such-folder").join("s.json"));
+    let set = format!("train.output_dir={}", toml(&dir.join("run")));
+    let out = run(&with_small(&["--set", &set, "--summary-json", &json]));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        first_line(&out).starts_with("config error: --summary-json = "),
+        "{}",
+        first_line(&out)
+    );
+    assert!(
+        !dir.join("run").join("checkpoint").exists(),
+        "nothing was trained"
+    );
+}
+
+#[test]
+fn a_new_run_never_replaces_an_earlier_checkpoint_silently() {
+    let dir = temp("no-overwrite");
+    let set = format!("train.output_dir={}", toml(&dir));
+    let once = with_small(&["--max-steps", "1", "--set", &set]);
+    assert_eq!(run(&once).status.code(), Some(0));
+    let again = run(&once);
+    assert_eq!(again.status.code(), Some(2));
+    assert_eq!(
+        first_line(&again),
+        format!(
+            "config error: train.output_dir = {}: holds the checkpoint of an earlier run: \
+             continue it with --resume {}, replace it with --overwrite, or choose another folder",
+            dir.display(),
+            dir.join("checkpoint").display()
+        )
+    );
+    let mut overwrite = once.clone();
+    overwrite.push("--overwrite");
+    assert_eq!(run(&overwrite).status.code(), Some(0));
+}
+
+#[test]
+fn the_default_folder_of_an_earlier_run_gives_a_numbered_one() {
+    // A config named after this test, so its default folder is runs/<name> under a temp root.
+    let dir = temp("numbered");
+    let config = dir.join("numbered.toml");
+    std::fs::write(&config, "").unwrap();
+    let args = with_small(&["--config", config.to_str().unwrap(), "--max-steps", "1"]);
+    let first = Command::new(binary())
+        .args(&args)
+        .current_dir(&dir)
+        .env("OOMLAB_NO_CUDA", "1")
+        .output()
+        .unwrap();
+    assert!(first.status.success(), "{}", stderr(&first));
+    let second = Command::new(binary())
+        .args(&args)
+        .current_dir(&dir)
+        .env("OOMLAB_NO_CUDA", "1")
+        .output()
+        .unwrap();
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert!(
+        stderr(&second).contains(
+            "note: runs/numbered holds an earlier run; this run writes to runs/numbered-2"
+        ),
+        "{}",
+        stderr(&second)
+    );
+    assert!(dir.join("runs/numbered/checkpoint/manifest.json").exists());
+    assert!(dir
+        .join("runs/numbered-2/checkpoint/manifest.json")
+        .exists());
+}
+
+/// One finished epoch in `dir`, for the resume tests.
+fn one_epoch(dir: &Path) {
+    let set = format!("train.output_dir={}", toml(dir));
+    let out = run(&with_small(&[
+        "--config",
+        "configs/f32.toml",
+        "--set",
+        &set,
+    ]));
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn resume_refuses_a_config_that_would_reinterpret_the_run() {
+    let dir = temp("resume-changed");
+    one_epoch(&dir);
+    let checkpoint = arg(&dir.join("checkpoint"));
+    let set = format!("train.output_dir={}", toml(&dir));
+    let out = run(&[
+        "--config",
+        "configs/f32.toml",
+        "--backend",
+        "cpu",
+        "--set",
+        "data.train_size=256",
+        "--set",
+        "data.eval_size=64",
+        "--set",
+        "train.batch_size=128",
+        "--set",
+        "data.seed=5",
+        "--set",
+        &set,
+        "--resume",
+        &checkpoint,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        first_line(&out),
+        format!(
+            "error: --resume {checkpoint}: the config changes data.seed 0 → 5, \
+             train.batch_size 64 → 128 from the checkpoint's run; these define the data order, \
+             the windows, the model or the precision and cannot change on resume (the learning \
+             rate and its schedule, max_steps, epochs, output paths, loss scaling and the \
+             [memory] switches can)"
+        )
+    );
+    // A safe change (the learning rate, more epochs) resumes.
+    let ok = run(&[
+        &with_small(&["--config", "configs/f32.toml", "--set", &set])[..],
+        &[
+            "--set",
+            "train.lr=5e-4",
+            "--set",
+            "train.epochs=2",
+            "--resume",
+            &checkpoint,
+        ],
+    ]
+    .concat());
+    assert!(ok.status.success(), "{}", stderr(&ok));
+}
+
+#[test]
+fn a_damaged_checkpoint_is_named_and_never_loaded() {
+    let dir = temp("resume-corrupt");
+    one_epoch(&dir);
+    let checkpoint = dir.join("checkpoint");
+    let set = format!("train.output_dir={}", toml(&dir));
+    let resume = |what: &str| {
+        let c = arg(&checkpoint);
+        let out = run(&[
+            &with_small(&["--config", "configs/f32.toml", "--set", &set])[..],
+            &["--set", "train.epochs=2", "--resume", &c],
+        ]
+        .concat());
+        assert_eq!(out.status.code(), Some(2), "{what}: {}", stderr(&out));
+        first_line(&out)
+    };
+    let model = checkpoint.join("model.mpk");
+    let original = std::fs::read(&model).unwrap();
+    let mut flipped = original.clone();
+    for b in flipped.iter_mut().skip(1000).take(64) {
+        *b ^= 0xFF;
+    }
+    std::fs::write(&model, &flipped).unwrap();
+    assert_eq!(
+        resume("flipped bytes"),
+        format!(
+            "error: checkpoint file {}: checksum mismatch: its content changed after it was \
+             written",
+            model.display()
+        )
+    );
+    std::fs::write(&model, &original[..original.len() / 2]).unwrap();
+    assert!(resume("truncated").contains("truncated or replaced"));
+    std::fs::write(&model, &original).unwrap();
+    // The saved window edited past the epoch's windows once spun forever.
+    let state_path = checkpoint.join("state.json");
+    let state = std::fs::read_to_string(&state_path).unwrap();
+    // (9 keeps the file's length: the checksum, not the size, catches it.)
+    std::fs::write(&state_path, state.replace("\"window\": 0", "\"window\": 9")).unwrap();
+    assert!(resume("edited state").contains("state.json: checksum mismatch"));
+}
+
+#[test]
+fn f32_steps_with_inf_gradients_are_skipped_and_end_as_diverged() {
+    let dir = temp("diverge");
+    let set = format!("train.output_dir={}", toml(&dir));
+    let out = run(&with_small(&[
+        "--config",
+        "configs/f32.toml",
+        "--set",
+        "train.optimizer=sgd",
+        "--set",
+        "train.lr=1e9",
+        "--set",
+        &set,
+        "--summary-json",
+        &arg(&dir.join("s.json")),
+    ]));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    // The epoch lines come first; the error is the last line.
+    let text = stderr(&out);
+    let line = text.lines().last().unwrap_or_default();
+    assert!(line.starts_with("error: training diverged"), "{line}");
+    assert!(line.contains("lower train.lr"), "{line}");
+    assert!(
+        !dir.join("s.json").exists(),
+        "a diverged run reports no summary"
+    );
+}
+
+#[test]
+fn the_schedule_ends_at_min_lr_even_when_steps_are_skipped() {
+    let dir = temp("schedule-skips");
+    let json = dir.join("s.json");
+    let set = format!("train.output_dir={}", toml(&dir));
+    let out = run(&with_small(&[
+        "--config",
+        "configs/amp.toml",
+        "--set",
+        "precision.init_scale=1099511627776",
+        "--set",
+        "train.lr_schedule=warmup-cosine",
+        "--set",
+        "train.min_lr=1e-5",
+        "--set",
+        "train.epochs=2",
+        "--set",
+        &set,
+        "--summary-json",
+        &arg(&json),
+    ]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let s = summary(&json);
+    assert!(s["skipped_steps"].as_u64().unwrap() > 0, "{s}");
+    assert_eq!(
+        s["steps"], 8,
+        "2 epochs of 4 windows: every planned step is taken"
+    );
+    assert_eq!(s["final_lr"], 1e-5);
+    assert_eq!(s["lr_schedule"], "warmup-cosine");
+}
+
+#[test]
+fn ctrl_c_checkpoints_and_the_run_resumes_bit_identically() {
+    let base = |dir: &Path| -> Vec<String> {
+        with_small(&["--config", "configs/f32.toml", "--set", "train.epochs=6"])
+            .iter()
+            .map(|s| s.to_string())
+            .chain([
+                "--set".into(),
+                format!("train.output_dir={}", toml(dir)),
+                "--summary-json".into(),
+                arg(&dir.join("s.json")),
+            ])
+            .collect()
+    };
+    let straight = temp("sigint-straight");
+    let out = run(&base(&straight)
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let split = temp("sigint-split");
+    let mut args = base(&split);
+    args.extend(["--set".into(), "train.checkpoint_every=1".into()]);
+    let child = Command::new(binary())
+        .args(&args)
+        .current_dir(root())
+        .env("OOMLAB_NO_CUDA", "1")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The first checkpoint (after step 1) shows the loop is running.
+    let manifest = split.join("checkpoint").join("manifest.json");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !manifest.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{text}");
+    assert!(text.contains("interrupted by SIGINT (Ctrl-C)"), "{text}");
+    assert!(text.contains("--resume"), "{text}");
+    let steps_before = std::fs::read_to_string(split.join("steps.csv")).unwrap();
+
+    let mut resumed = base(&split);
+    resumed.extend(["--resume".into(), arg(&split.join("checkpoint"))]);
+    let out = run(&resumed.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (a, b) = (
+        summary(&straight.join("s.json")),
+        summary(&split.join("s.json")),
+    );
+    for key in ["steps", "eval_loss", "eval_accuracy", "final_train_loss"] {
+        assert_eq!(a[key], b[key], "{key}");
+    }
+    // The step log continues: the resumed run's log starts with the interrupted one's.
+    let steps_after = std::fs::read_to_string(split.join("steps.csv")).unwrap();
+    assert!(steps_after.starts_with(&steps_before));
+    assert_eq!(
+        steps_after.lines().count(),
+        1 + 24,
+        "24 windows, one row each"
+    );
+}
+
+#[test]
+fn compare_exits_non_zero_when_a_config_fails_and_keeps_its_runs_inside_out() {
+    let dir = temp("compare-fail");
+    let out_dir = dir.join("report");
+    let out = run(&[
+        "compare",
+        "configs/f32.toml",
+        "--backend",
+        "cpu",
+        "--steps",
+        "1",
+        "--set",
+        "data.train_size=64",
+        "--set",
+        "data.eval_size=16",
+        "--set",
+        "train.batch_size=16",
+        "--sweep",
+        "train.batch_size=16,0",
+        "--out",
+        &arg(&out_dir),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("1 of 2 configs failed"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        out_dir.join("report.md").exists(),
+        "the report is still written"
+    );
+    let escape = run(&[
+        "compare",
+        "configs/f32.toml",
+        "--sweep",
+        "train.output_dir=a,b",
+        "--dry-run",
+    ]);
+    assert_eq!(escape.status.code(), Some(2));
+    let sweep = run(&[
+        "compare",
+        "configs/f32.toml",
+        "--backend",
+        "cpu",
+        "--steps",
+        "1",
+        "--sweep",
+        "data.path=../../x",
+        "--out",
+        &arg(&out_dir),
+    ]);
+    // data.path does not apply to synthetic data: the row fails, inside --out.
+    assert_eq!(sweep.status.code(), Some(1));
+    let runs: Vec<String> = std::fs::read_dir(out_dir.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(runs.contains(&"f32-path-..-..-x".to_string()), "{runs:?}");
+}
+
+#[test]
+fn find_batch_size_with_nothing_fitting_exits_3() {
+    let out = run(&[
+        "find-batch-size",
+        "--config",
+        "configs/f32.toml",
+        "--backend",
+        "cpu",
+        "--budget",
+        "1MiB",
+        "--set",
+        "data.train_size=64",
+        "--set",
+        "data.eval_size=16",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("out of memory: even a micro-batch of 1 does not fit in 921.6 KiB"),
+        "{}",
+        stderr(&out)
+    );
+}
