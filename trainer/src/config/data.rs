@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{at_most, out_of_range, ConfigError};
+use super::{at_most, not_set, out_of_range, ConfigError};
 
 /// Where the images come from.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,12 +86,10 @@ impl DataSpec {
 pub fn validate(d: &RawData, input_size: usize) -> Result<DataSpec, ConfigError> {
     let data = match d.source {
         DataSource::Synthetic => {
-            if d.path.is_some() {
-                return Err(ConfigError::Key {
-                    key: "data.path".into(),
-                    message: "applies only to data.source = \"cifar10\"".into(),
-                });
-            }
+            not_set(
+                &[("data.path", d.path.is_some())],
+                "only to data.source = \"cifar10\"",
+            )?;
             let size = |key: &'static str, value: Option<usize>, default: usize| {
                 let n = value.unwrap_or(default);
                 if n == 0 {
@@ -112,19 +110,14 @@ pub fn validate(d: &RawData, input_size: usize) -> Result<DataSpec, ConfigError>
                     message: "is required when data.source = \"cifar10\" (the folder holding data_batch_1.bin … test_batch.bin)".into(),
                 });
             };
-            for (key, set) in [
-                ("data.train_size", d.train_size.is_some()),
-                ("data.eval_size", d.eval_size.is_some()),
-            ] {
-                if set {
-                    return Err(ConfigError::Key {
-                        key: key.into(),
-                        message: "applies only to data.source = \"synthetic\" (CIFAR-10 has \
-                                  50,000 train and 10,000 test images)"
-                            .into(),
-                    });
-                }
-            }
+            not_set(
+                &[
+                    ("data.train_size", d.train_size.is_some()),
+                    ("data.eval_size", d.eval_size.is_some()),
+                ],
+                "only to data.source = \"synthetic\" (CIFAR-10 has 50,000 train and 10,000 \
+                 test images)",
+            )?;
             if input_size != 32 {
                 return Err(out_of_range(
                     "model.input_size",

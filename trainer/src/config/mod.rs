@@ -236,6 +236,18 @@ fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError>
     Ok(())
 }
 
+/// An error for the first of `keys` that is set (`true`) though it does not apply; `applies`
+/// says where it does, e.g. `only to model.name = "mobilenet"`.
+pub(crate) fn not_set(keys: &[(&str, bool)], applies: &str) -> Result<(), ConfigError> {
+    match keys.iter().find(|(_, set)| *set) {
+        Some((key, _)) => Err(ConfigError::Key {
+            key: key.to_string(),
+            message: format!("applies {applies}"),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// `value` of `key` when it is at most `max`, else the error naming the bound.
 pub fn at_most(key: &'static str, value: usize, max: usize) -> Result<usize, ConfigError> {
     if value > max {

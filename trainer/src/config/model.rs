@@ -4,7 +4,7 @@ use burn_models::mobilenet::{MAX_CLASSES, MAX_INPUT_SIZE, MIN_INPUT_SIZE};
 use burn_models::{MobileNetConfig, MobileNetError, SimpleModelConfig};
 use serde::{Deserialize, Serialize};
 
-use super::{at_most, out_of_range, ConfigError};
+use super::{at_most, not_set, out_of_range, ConfigError};
 
 /// Which network to build.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,17 +67,13 @@ pub fn validate(m: &RawModel) -> Result<ModelSpec, ConfigError> {
     at_most("model.num_classes", m.num_classes, MAX_CLASSES)?;
     let model = match m.name {
         ModelName::Simple => {
-            for (key, set) in [
-                ("model.width_multiplier", m.width_multiplier.is_some()),
-                ("model.stem_stride", m.stem_stride.is_some()),
-            ] {
-                if set {
-                    return Err(ConfigError::Key {
-                        key: key.into(),
-                        message: "applies only to model.name = \"mobilenet\"".into(),
-                    });
-                }
-            }
+            not_set(
+                &[
+                    ("model.width_multiplier", m.width_multiplier.is_some()),
+                    ("model.stem_stride", m.stem_stride.is_some()),
+                ],
+                "only to model.name = \"mobilenet\"",
+            )?;
             if m.input_size != burn_models::simple::SIMPLE_INPUT_SIZE {
                 return Err(out_of_range(
                     "model.input_size",

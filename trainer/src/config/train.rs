@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{at_most, out_of_range, ConfigError};
+use super::{at_most, not_set, out_of_range, ConfigError};
 
 /// Which optimizer updates the weights.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -206,12 +206,11 @@ pub fn validate(t: &RawTrain, path: &Path) -> Result<TrainSpec, ConfigError> {
             "must be in [0, train.lr]",
         ));
     }
-    if t.lr_schedule == ScheduleName::Constant && t.warmup_steps > 0 {
-        return Err(ConfigError::Key {
-            key: "train.warmup_steps".into(),
-            message: "applies only to train.lr_schedule = \"warmup-cosine\"".into(),
-        });
-    }
+    let constant = t.lr_schedule == ScheduleName::Constant;
+    not_set(
+        &[("train.warmup_steps", constant && t.warmup_steps > 0)],
+        "only to train.lr_schedule = \"warmup-cosine\"",
+    )?;
     if let Some(c) = t.grad_clip_norm {
         if !(c > 0.0 && c.is_finite()) {
             return Err(out_of_range(
