@@ -9,5 +9,5 @@ cargo build --release -p trainer
 mkdir -p docs/bench
 out=docs/bench/cpu-simple-f32.json
 target/release/trainer --config configs/f32.toml --backend cpu --max-steps "$steps" \
-  --set train.output_dir=runs/bench --summary-json "$out"
+  --set train.output_dir=runs/bench --overwrite --summary-json "$out"
 echo "cores: $(nproc); images/s: $(grep images_per_sec "$out")"

@@ -100,13 +100,13 @@ compare mixed-precision configs/f32.toml configs/amp.toml configs/bf16.toml \
 if wanted loss-scale; then
   trainer --config configs/amp.toml --backend cpu --max-steps 200 \
     --set precision.growth_interval=10 --set train.batch_size=32 \
-    --set train.output_dir="$work/loss-scale" >"$work/loss-scale.table"
+    --set train.output_dir="$work/loss-scale" --overwrite >"$work/loss-scale.table"
   cp "$work/loss-scale/loss_scale.svg" "$figures/loss-scale.svg"
   {
     echo '```sh'
     echo "trainer --config configs/amp.toml --backend cpu --max-steps 200 \\"
     echo "    --set precision.growth_interval=10 --set train.batch_size=32 \\"
-    echo "    --set train.output_dir=$work/loss-scale"
+    echo "    --set train.output_dir=$work/loss-scale --overwrite"
     echo '```'
     echo
     echo '```text'

@@ -15,7 +15,7 @@ run() { # name config steps [extra trainer args...]
   local name=$1 config=$2 steps=$3
   shift 3
   target/release/trainer --config "$config" --backend cpu --max-steps "$steps" \
-    --set "train.output_dir=runs/figures/$name" --summary-json "$out/$name.json" "$@" >/dev/null
+    --set "train.output_dir=runs/figures/$name" --overwrite --summary-json "$out/$name.json" "$@" >/dev/null
 }
 if [[ "${TABLE_ONLY:-}" != 1 ]]; then
   for c in f32 amp amp-accum bf16 f16-pure; do run "$c" "configs/$c.toml" "$simple_steps"; done
