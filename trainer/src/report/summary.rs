@@ -79,6 +79,9 @@ impl Summary {
         let (t, m) = (&settings.train, &settings.memory);
         let predicted = estimate(settings, Target::of(backend.kind())).predicted_peak();
         let eval = record.eval();
+        let window = record
+            .largest_window()
+            .map_or(t.effective_batch(), |w| w.min(t.effective_batch()));
         Self {
             config: settings.path.display().to_string(),
             model: settings.model.name(),
@@ -92,9 +95,10 @@ impl Summary {
             skipped_steps: stepper.skipped,
             updates_lost: record.updates_lost(),
             optimizer: t.optimizer.name().into(),
-            batch_size: t.batch_size,
+            // What the run really used: a split smaller than the window caps both.
+            batch_size: t.batch_size.min(window),
             accum_steps: t.accum_steps,
-            effective_batch: t.effective_batch(),
+            effective_batch: window,
             lr_schedule: t.lr_schedule.name().into(),
             free_cache: m.free_cache.name().into(),
             checkpointing: m.checkpointing.name().into(),

@@ -30,6 +30,9 @@ pub struct Record {
     /// Time in training windows (evaluation and checkpoints excluded).
     train_seconds: f64,
     images: usize,
+    /// The largest window trained: the real samples per step when the split is smaller
+    /// than the configured window.
+    largest_window: usize,
     /// Pure f16 only: the fraction of weights each step left unchanged.
     unchanged: Option<Vec<f64>>,
     started: Instant,
@@ -56,6 +59,7 @@ impl Record {
             log,
             train_seconds: 0.0,
             images: 0,
+            largest_window: 0,
             // Pure f16 has no master weights; how many updates round away is what it teaches.
             unchanged: (!settings.precision.mode.master_weights()).then(Vec::new),
             started,
@@ -99,6 +103,7 @@ impl Record {
         }
         self.train_seconds += tick.elapsed().as_secs_f64();
         self.images += samples;
+        self.largest_window = self.largest_window.max(samples);
         if let Outcome::Stepped { .. } = outcome {
             self.losses.push(loss);
         }
@@ -211,6 +216,11 @@ impl Record {
     /// The last evaluation, if any (a trial has none).
     pub fn eval(&self) -> Option<EvalResult> {
         self.eval
+    }
+
+    /// The most samples a window of this run held (`None` before the first window).
+    pub fn largest_window(&self) -> Option<usize> {
+        (self.largest_window > 0).then_some(self.largest_window)
     }
 
     /// Seconds since the run began.

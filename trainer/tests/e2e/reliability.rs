@@ -496,3 +496,78 @@ fn find_batch_size_with_nothing_fitting_exits_3() {
         stderr(&out)
     );
 }
+
+/// A batch larger than the split is reported as the batch the run really used.
+#[test]
+fn the_summary_reports_the_batch_the_run_used() {
+    let dir = temp("whole-split");
+    let json = dir.join("s.json");
+    let set = format!("train.output_dir={}", toml(&dir));
+    let out = run(&[
+        "--config",
+        "configs/f32.toml",
+        "--backend",
+        "cpu",
+        "--set",
+        "data.train_size=40",
+        "--set",
+        "data.eval_size=8",
+        "--set",
+        "train.batch_size=65536",
+        "--max-steps",
+        "1",
+        "--set",
+        &set,
+        "--summary-json",
+        &arg(&json),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let s = summary(&json);
+    assert_eq!(
+        (s["batch_size"].as_u64(), s["effective_batch"].as_u64()),
+        (Some(40), Some(40))
+    );
+}
+
+/// A bounded sample of hostile values through the real binary (one step, tiny data): each
+/// run trains or stops with one line and a documented code, never a panic.
+#[test]
+fn a_sample_of_hostile_values_runs_or_fails_cleanly() {
+    let cases = [
+        "train.accum_steps=4611686018427387904",
+        "precision.init_scale=1e-45",
+        "train.batch_size=1",
+        "model.name=\"mobilenet\"",
+        "precision.mode=\"f16\"",
+        "data.seed=18446744073709551615",
+        "train.lr=1e308",
+        "memory.budget=\"1B\"",
+    ];
+    for set in cases {
+        let dir = temp("hostile");
+        let output = format!("train.output_dir={}", toml(&dir));
+        let out = run(&[
+            "--config",
+            "configs/f32.toml",
+            "--backend",
+            "cpu",
+            "--set",
+            "data.train_size=16",
+            "--set",
+            "data.eval_size=8",
+            "--set",
+            &output,
+            "--max-steps",
+            "1",
+            "--set",
+            set,
+        ]);
+        let text = stderr(&out);
+        let code = out.status.code();
+        assert!(
+            matches!(code, Some(0 | 1 | 2 | 3)),
+            "--set {set}: exit {code:?}: {text}"
+        );
+        assert!(!text.contains("panicked"), "--set {set}: {text}");
+    }
+}
