@@ -218,9 +218,10 @@ where
     }
     let saved = checkpoint::read(dir, settings)?;
     let window = saved.state.position.window;
-    if window >= per_epoch {
-        // Every window of an epoch ends in a checkpoint at window 0 of the next: this state
-        // was not written by a run of this config (and would never advance).
+    // A checkpoint written after an epoch's last window (Ctrl-C, checkpoint_every) holds
+    // window = per_epoch; the loop then starts by closing that epoch. Past it, the state was
+    // not written by a run of this config and no window would ever be trained.
+    if window > per_epoch {
         return Err(CheckpointError::Corrupt {
             path: saved.dir.join("state.json"),
             what: format!("window {window} is past the {per_epoch} windows of an epoch"),
