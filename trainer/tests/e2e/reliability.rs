@@ -2,13 +2,13 @@
 //! lost. Each test reproduces one failure of issue 13 and checks its clean end.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::common::{arg, binary, root, run, stderr, summary, temp};
+use super::common::{arg, binary, run, stderr, summary, temp};
 
 /// A small, fast run: 256 images in batches of 64 (4 windows an epoch).
-const SMALL: [&str; 8] = [
+pub(super) const SMALL: [&str; 8] = [
     "--backend",
     "cpu",
     "--set",
@@ -19,13 +19,13 @@ const SMALL: [&str; 8] = [
     "train.batch_size=64",
 ];
 
-fn with_small<'a>(args: &[&'a str]) -> Vec<&'a str> {
+pub(super) fn with_small<'a>(args: &[&'a str]) -> Vec<&'a str> {
     let mut all = SMALL.to_vec();
     all.extend_from_slice(args);
     all
 }
 
-fn first_line(out: &std::process::Output) -> String {
+pub(super) fn first_line(out: &std::process::Output) -> String {
     stderr(out).lines().next().unwrap_or_default().to_string()
 }
 
@@ -81,7 +81,7 @@ fn an_empty_cifar_split_is_named_not_trained_on() {
 }
 
 /// A path as a TOML string for `--set`.
-fn toml(path: &Path) -> String {
+pub(super) fn toml(path: &Path) -> String {
     format!("\"{}\"", path.display())
 }
 
@@ -180,111 +180,6 @@ fn the_default_folder_of_an_earlier_run_gives_a_numbered_one() {
         .exists());
 }
 
-/// One finished epoch in `dir`, for the resume tests.
-fn one_epoch(dir: &Path) {
-    let set = format!("train.output_dir={}", toml(dir));
-    let out = run(&with_small(&[
-        "--config",
-        "configs/f32.toml",
-        "--set",
-        &set,
-    ]));
-    assert!(out.status.success(), "{}", stderr(&out));
-}
-
-#[test]
-fn resume_refuses_a_config_that_would_reinterpret_the_run() {
-    let dir = temp("resume-changed");
-    one_epoch(&dir);
-    let checkpoint = arg(&dir.join("checkpoint"));
-    let set = format!("train.output_dir={}", toml(&dir));
-    let out = run(&[
-        "--config",
-        "configs/f32.toml",
-        "--backend",
-        "cpu",
-        "--set",
-        "data.train_size=256",
-        "--set",
-        "data.eval_size=64",
-        "--set",
-        "train.batch_size=128",
-        "--set",
-        "data.seed=5",
-        "--set",
-        &set,
-        "--resume",
-        &checkpoint,
-    ]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert_eq!(
-        first_line(&out),
-        format!(
-            "error: --resume {checkpoint}: the config changes data.seed 0 → 5, \
-             train.batch_size 64 → 128 from the checkpoint's run; these define the data order, \
-             the windows, the model or the precision and cannot change on resume (the learning \
-             rate and its schedule, max_steps, epochs, output paths, loss scaling and the \
-             [memory] switches can)"
-        )
-    );
-    // A safe change (the learning rate, more epochs) resumes.
-    let ok = run(&[
-        &with_small(&["--config", "configs/f32.toml", "--set", &set])[..],
-        &[
-            "--set",
-            "train.lr=5e-4",
-            "--set",
-            "train.epochs=2",
-            "--resume",
-            &checkpoint,
-        ],
-    ]
-    .concat());
-    assert!(ok.status.success(), "{}", stderr(&ok));
-}
-
-#[test]
-fn a_damaged_checkpoint_is_named_and_never_loaded() {
-    let dir = temp("resume-corrupt");
-    one_epoch(&dir);
-    let checkpoint = dir.join("checkpoint");
-    let set = format!("train.output_dir={}", toml(&dir));
-    let resume = |what: &str| {
-        let c = arg(&checkpoint);
-        let out = run(&[
-            &with_small(&["--config", "configs/f32.toml", "--set", &set])[..],
-            &["--set", "train.epochs=2", "--resume", &c],
-        ]
-        .concat());
-        assert_eq!(out.status.code(), Some(2), "{what}: {}", stderr(&out));
-        first_line(&out)
-    };
-    let model = checkpoint.join("model.mpk");
-    let original = std::fs::read(&model).unwrap();
-    let mut flipped = original.clone();
-    for b in flipped.iter_mut().skip(1000).take(64) {
-        *b ^= 0xFF;
-    }
-    std::fs::write(&model, &flipped).unwrap();
-    assert_eq!(
-        resume("flipped bytes"),
-        format!(
-            "error: checkpoint file {}: checksum mismatch: its content changed after it was \
-             written",
-            model.display()
-        )
-    );
-    std::fs::write(&model, &original[..original.len() / 2]).unwrap();
-    assert!(resume("truncated").contains("truncated or replaced"));
-    std::fs::write(&model, &original).unwrap();
-    // The saved window edited past the epoch's windows once spun forever.
-    let state_path = checkpoint.join("state.json");
-    let state = std::fs::read_to_string(&state_path).unwrap();
-    // (9 keeps the file's length: the checksum, not the size, catches it.)
-    std::fs::write(&state_path, state.replace("\"window\": 0", "\"window\": 9")).unwrap();
-    assert!(resume("edited state").contains("state.json: checksum mismatch"));
-}
-
 #[test]
 fn f32_steps_with_inf_gradients_are_skipped_and_end_as_diverged() {
     let dir = temp("diverge");
@@ -343,74 +238,6 @@ fn the_schedule_ends_at_min_lr_even_when_steps_are_skipped() {
     );
     assert_eq!(s["final_lr"], 1e-5);
     assert_eq!(s["lr_schedule"], "warmup-cosine");
-}
-
-#[test]
-fn ctrl_c_checkpoints_and_the_run_resumes_bit_identically() {
-    let base = |dir: &Path| -> Vec<String> {
-        with_small(&["--config", "configs/f32.toml", "--set", "train.epochs=6"])
-            .iter()
-            .map(|s| s.to_string())
-            .chain([
-                "--set".into(),
-                format!("train.output_dir={}", toml(dir)),
-                "--summary-json".into(),
-                arg(&dir.join("s.json")),
-            ])
-            .collect()
-    };
-    let straight = temp("sigint-straight");
-    let out = run(&base(&straight)
-        .iter()
-        .map(String::as_str)
-        .collect::<Vec<_>>());
-    assert!(out.status.success(), "{}", stderr(&out));
-
-    let split = temp("sigint-split");
-    let mut args = base(&split);
-    args.extend(["--set".into(), "train.checkpoint_every=1".into()]);
-    let child = Command::new(binary())
-        .args(&args)
-        .current_dir(root())
-        .env("OOMLAB_NO_CUDA", "1")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    // The first checkpoint (after step 1) shows the loop is running.
-    let manifest = split.join("checkpoint").join("manifest.json");
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while !manifest.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{text}");
-    assert!(text.contains("interrupted by SIGINT (Ctrl-C)"), "{text}");
-    assert!(text.contains("--resume"), "{text}");
-    let steps_before = std::fs::read_to_string(split.join("steps.csv")).unwrap();
-
-    let mut resumed = base(&split);
-    resumed.extend(["--resume".into(), arg(&split.join("checkpoint"))]);
-    let out = run(&resumed.iter().map(String::as_str).collect::<Vec<_>>());
-    assert!(out.status.success(), "{}", stderr(&out));
-    let (a, b) = (
-        summary(&straight.join("s.json")),
-        summary(&split.join("s.json")),
-    );
-    for key in ["steps", "eval_loss", "eval_accuracy", "final_train_loss"] {
-        assert_eq!(a[key], b[key], "{key}");
-    }
-    // The step log continues: the resumed run's log starts with the interrupted one's.
-    let steps_after = std::fs::read_to_string(split.join("steps.csv")).unwrap();
-    assert!(steps_after.starts_with(&steps_before));
-    assert_eq!(
-        steps_after.lines().count(),
-        1 + 24,
-        "24 windows, one row each"
-    );
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! What users feed the trainer, read without training: configs and flags, and data files.
 //!
 //! Table of contents:
+/// Sizes, scales and overrides that once slipped through: each refused with its bound.
+mod bounds;
 /// Config loading and validation: every bad input gives one exact line.
 mod config;
 /// The CIFAR-10 reader on small files in the exact binary format, and the batcher.
