@@ -308,3 +308,71 @@ fn ctrl_c_checkpoints_and_the_run_resumes_bit_identically() {
         "24 windows, one row each"
     );
 }
+
+/// Ctrl-C or `checkpoint_every` at an epoch's last window saves before the epoch is closed
+/// (window = windows per epoch). Such a checkpoint resumes: the loop closes that epoch first
+/// and trains the next, and every planned step is taken.
+#[test]
+fn a_checkpoint_after_an_epochs_last_window_resumes() {
+    use burn::backend::{Autodiff, Flex};
+    use trainer::config::{load_file_for, Purpose};
+    use trainer::model::Classifier;
+    use trainer::training::accumulate::Position;
+    use trainer::training::checkpoint::{self, LoopState};
+    use trainer::training::optim::Optim;
+    use trainer::training::step::StepCounters;
+
+    let dir = temp("resume-epoch-end");
+    let output = format!("train.output_dir={}", toml(&dir));
+    let json = arg(&dir.join("s.json"));
+    // 256 images in batches of 64: 4 windows an epoch.
+    let mut args = with_small(&["--config", "configs/f32.toml", "--set", &output]);
+    let sets: Vec<String> = args
+        .iter()
+        .skip_while(|a| **a != "--set")
+        .collect::<Vec<_>>()
+        .chunks(2)
+        .filter(|pair| pair[0] == &"--set")
+        .map(|pair| pair[1].to_string())
+        .collect();
+    let settings = load_file_for(&root().join("configs/f32.toml"), &sets, Purpose::Train).unwrap();
+    let model = Classifier::<Autodiff<Flex>>::init(&settings.model, &Default::default()).unwrap();
+    let state = LoopState::of(
+        &settings,
+        Position {
+            epoch: 0,
+            window: 4,
+        },
+        StepCounters {
+            step: 4,
+            ..Default::default()
+        },
+    );
+    let header = "window,step,loss,lr,loss_scale,skipped\n";
+    let checkpoint = dir.join("checkpoint");
+    checkpoint::save(
+        &checkpoint,
+        &model,
+        &Optim::new(&settings.train),
+        &state,
+        header,
+    )
+    .unwrap();
+
+    let resume = arg(&checkpoint);
+    args.extend([
+        "--set",
+        "train.epochs=2",
+        "--resume",
+        &resume,
+        "--summary-json",
+        &json,
+    ]);
+    let out = run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let s = summary(&dir.join("s.json"));
+    assert_eq!(
+        (s["steps"].as_u64(), s["epochs"].as_u64()),
+        (Some(8), Some(2))
+    );
+}
