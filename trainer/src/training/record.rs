@@ -24,9 +24,8 @@ const LOSS_WINDOW: usize = 20;
 /// What a run has done so far.
 pub struct Record {
     progress: Progress,
+    /// Every window, loaded from the checkpoint on resume: the losses come from here.
     log: StepLog,
-    /// Losses of the windows that stepped.
-    losses: Vec<f64>,
     /// Time in training windows (evaluation and checkpoints excluded).
     train_seconds: f64,
     images: usize,
@@ -55,7 +54,6 @@ impl Record {
     ) -> Self {
         Self {
             progress: Progress::new(total_steps, done),
-            losses: log.step_losses().collect(),
             log,
             train_seconds: 0.0,
             images: 0,
@@ -104,9 +102,6 @@ impl Record {
         self.train_seconds += tick.elapsed().as_secs_f64();
         self.images += samples;
         self.largest_window = self.largest_window.max(samples);
-        if let Outcome::Stepped { .. } = outcome {
-            self.losses.push(loss);
-        }
         let describe = stepper.scaler.describe();
         let rate = self.images_per_sec();
         self.progress
@@ -202,7 +197,8 @@ impl Record {
 
     /// Mean of the last [`LOSS_WINDOW`] step losses (NaN before the first step).
     pub fn final_train_loss(&self) -> f64 {
-        let tail = &self.losses[self.losses.len().saturating_sub(LOSS_WINDOW)..];
+        let losses: Vec<f64> = self.log.step_losses().collect();
+        let tail = &losses[losses.len().saturating_sub(LOSS_WINDOW)..];
         tail.iter().sum::<f64>() / tail.len() as f64
     }
 
