@@ -18,6 +18,11 @@ use crate::config::{LossScaleSpec, Settings};
 use crate::report::progress::Progress;
 use crate::report::step_log::StepLog;
 
+/// What to change when a run diverges, with the learning rate it had.
+fn remedy(lr: f64) -> String {
+    format!("lower train.lr (now {lr:.3e}) or set train.grad_clip_norm")
+}
+
 /// How many of the last step losses the summary's "final train loss" averages.
 const LOSS_WINDOW: usize = 20;
 
@@ -113,22 +118,17 @@ impl Record {
             let cause = if stepper.scaler.is_active() {
                 format!(
                     "the loss scale backed off to {describe} without one finite step, so the \
-                     loss or the weights themselves are inf/NaN: lower train.lr (now {:.3e}) \
-                     or set train.grad_clip_norm",
-                    stepper.lr()
+                     loss or the weights themselves are inf/NaN"
                 )
             } else {
-                format!(
-                    "with loss scaling off, the inf/NaN comes from the model: lower train.lr \
-                     (now {:.3e}) or set train.grad_clip_norm",
-                    stepper.lr()
-                )
+                "with loss scaling off, the inf/NaN comes from the model".into()
             };
             anyhow::bail!(
                 "training diverged: the last {} optimizer steps all had inf/NaN gradients (last \
-                 loss {loss}) and were skipped, so the weights were not updated by them; {cause}; \
-                 {}",
+                 loss {loss}) and were skipped, so the weights were not updated by them; {cause}: \
+                 {}; {}",
                 stepper.max_skips(),
+                remedy(stepper.lr()),
                 checkpoint::describe(&checkpoint::dir(&self.output_dir))
             );
         }
@@ -143,10 +143,9 @@ impl Record {
         self.progress.finish();
         anyhow::anyhow!(
             "training diverged: after step {} the weights are no longer finite (an update too \
-             large for f32); lower train.lr (now {:.3e}) or set train.grad_clip_norm; they were \
-             not checkpointed: {}",
+             large for f32); {}; they were not checkpointed: {}",
             stepper.step,
-            stepper.lr(),
+            remedy(stepper.lr()),
             checkpoint::describe(&checkpoint::dir(&self.output_dir))
         )
     }
