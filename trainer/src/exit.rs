@@ -80,20 +80,12 @@ impl From<Exit> for ExitCode {
     }
 }
 
-/// What is printed for `error` on stderr: the diagnosis for out of memory, else one line
-/// (`config error: …` for a bad config, `error: …` otherwise).
+/// What is printed for `error` on stderr: out of memory (the diagnosis) and a stop by a signal
+/// speak for themselves; anything else is one line, `config error: …` for a bad config and
+/// `error: …` otherwise.
 pub fn describe(error: &anyhow::Error) -> String {
-    if let Some(oom) = error.downcast_ref::<OutOfMemory>() {
-        return oom.to_string();
-    }
-    if let Some(host) = error.downcast_ref::<HostMemory>() {
-        return host.to_string();
-    }
-    if let Some(none) = error.downcast_ref::<NothingFits>() {
-        return none.to_string();
-    }
-    if let Some(stop) = error.downcast_ref::<Interrupted>() {
-        return stop.to_string();
+    if let Exit::OutOfMemory | Exit::Interrupted | Exit::Terminated = Exit::of(error) {
+        return format!("{error:#}");
     }
     let prefix = match error.downcast_ref::<ConfigError>() {
         Some(_) => "config error",
