@@ -6,6 +6,7 @@ use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 
 use crate::config::{out_of_range, ConfigError, Settings};
+use crate::report::suffixed;
 use crate::training::checkpoint;
 
 /// Settles `settings.train.output_dir` and checks every output path:
@@ -42,7 +43,7 @@ pub fn prepare(
         }
         let taken = t.output_dir.clone();
         t.output_dir = (2..)
-            .map(|n| numbered(&taken, n))
+            .map(|n| suffixed(&taken, &format!("-{n}")))
             .find(|d| !checkpoint::exists(&checkpoint::dir(d)))
             .unwrap_or(taken.clone());
         eprintln!(
@@ -56,13 +57,6 @@ pub fn prepare(
         writable_file(path)?;
     }
     Ok(settings)
-}
-
-/// `runs/amp` → `runs/amp-2`.
-fn numbered(dir: &Path, n: usize) -> PathBuf {
-    let mut name = dir.file_name().unwrap_or_default().to_os_string();
-    name.push(format!("-{n}"));
-    dir.with_file_name(name)
 }
 
 /// Creates `dir` and proves a file can be written in it.

@@ -6,17 +6,23 @@ pub mod step_log;
 pub mod summary;
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+
+/// `path` with `suffix` appended to its last component: `runs/amp` → `runs/amp-2`,
+/// `checkpoint` → `checkpoint.partial`.
+pub fn suffixed(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(suffix);
+    path.with_file_name(name)
+}
 
 /// Writes `bytes` to `path` whole or not at all: into a temporary file beside it, synced, then
 /// renamed over it. On an error (a full disk) the temporary file is removed and `path` is as
 /// it was; the error names the path.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".partial");
-    let tmp = path.with_file_name(name);
+    let tmp = suffixed(path, ".partial");
     let written = std::fs::File::create(&tmp)
         .and_then(|mut f| {
             f.write_all(bytes)?;

@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::report::suffixed;
+
 /// The manifest's name inside a set.
 pub const MANIFEST: &str = "manifest.json";
 
@@ -60,13 +62,7 @@ struct Manifest {
 
 /// Where a new set of `dir` is written before it is swapped in.
 pub fn partial(dir: &Path) -> PathBuf {
-    sibling(dir, "partial")
-}
-
-fn sibling(dir: &Path, suffix: &str) -> PathBuf {
-    let mut name = dir.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".{suffix}"));
-    dir.with_file_name(name)
+    suffixed(dir, ".partial")
 }
 
 /// A fresh, empty `<dir>.partial` to write the files of a new set into.
@@ -119,7 +115,7 @@ fn swap_in(tmp: &Path, dir: &Path) -> anyhow::Result<()> {
         // `tmp` now holds the previous set.
         return std::fs::remove_dir_all(tmp).with_context(|| format!("removing {}", tmp.display()));
     }
-    let old = sibling(dir, "old");
+    let old = suffixed(dir, ".old");
     if old.exists() {
         std::fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
     }
@@ -197,7 +193,7 @@ pub fn locate(dir: &Path) -> Result<PathBuf, CheckpointError> {
     if dir.join(MANIFEST).is_file() {
         return Ok(dir.to_path_buf());
     }
-    let old = sibling(dir, "old");
+    let old = suffixed(dir, ".old");
     if !dir.exists() && old.join(MANIFEST).is_file() {
         return Ok(old);
     }
