@@ -35,31 +35,21 @@ pub struct BatchNormOutput<B: Backend> {
     pub var: FloatTensor<B>,
 }
 
-/// A backend that can run [training-mode batch norm](BatchNormBackend::batch_norm_train).
-///
-/// Plain backends use the composed default; [`Autodiff`] overrides it with a single op whose
-/// backward is written out, so it saves only the input and the statistics.
-pub trait BatchNormBackend: Backend {
-    /// Batch norm over a `[batch, channels, h, w]` input, with `gamma` and `beta` of shape
-    /// `[channels]`, computed in `work`.
-    fn batch_norm_train(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        work: DType,
-        epsilon: f64,
-    ) -> BatchNormOutput<Self> {
-        let f = forward::<Self>(x, gamma, beta, work, epsilon);
-        BatchNormOutput {
-            output: f.output,
-            mean: f.mean,
-            var: f.var,
-        }
+/// The composed batch norm, for backends without an autodiff graph to save into.
+pub(crate) fn batch_norm_plain<B: Backend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    work: DType,
+    epsilon: f64,
+) -> BatchNormOutput<B> {
+    let f = forward::<B>(x, gamma, beta, work, epsilon);
+    BatchNormOutput {
+        output: f.output,
+        mean: f.mean,
+        var: f.var,
     }
 }
-
-impl BatchNormBackend for burn::backend::Flex {}
-impl BatchNormBackend for burn::backend::Cuda {}
 
 /// Everything the forward pass computes; the autodiff op keeps `mean` and `rstd`.
 struct Forward<B: Backend> {
@@ -185,39 +175,39 @@ impl<B: Backend> Backward<B, 3> for BatchNormBackward {
     }
 }
 
-impl<B: BatchNormBackend, C: CheckpointStrategy> BatchNormBackend for Autodiff<B, C> {
-    fn batch_norm_train(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        work: DType,
-        epsilon: f64,
-    ) -> BatchNormOutput<Self> {
-        let f = forward::<B>(
-            x.primitive.clone(),
-            gamma.primitive.clone(),
-            beta.primitive.clone(),
-            work,
-            epsilon,
-        );
-        let (mean, var) = (Self::from_inner(f.mean.clone()), Self::from_inner(f.var));
-        let stats = SavedStats {
-            mean: f.mean,
-            rstd: f.rstd,
-            work,
-        };
-        let output = match BatchNormBackward
-            .prepare::<C>([x.node.clone(), gamma.node.clone(), beta.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(mut prep) => {
-                let x_id = prep.checkpoint(&x);
-                let gamma_id = prep.checkpoint(&gamma);
-                prep.finish((x_id, gamma_id, stats), f.output)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(f.output),
-        };
-        BatchNormOutput { output, mean, var }
-    }
+/// Batch norm as one autodiff op: the graph keeps `x`, `gamma` and the per-channel statistics.
+pub(crate) fn batch_norm_autodiff<B: Backend, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    gamma: FloatTensor<Autodiff<B, C>>,
+    beta: FloatTensor<Autodiff<B, C>>,
+    work: DType,
+    epsilon: f64,
+) -> BatchNormOutput<Autodiff<B, C>> {
+    let f = forward::<B>(
+        x.primitive.clone(),
+        gamma.primitive.clone(),
+        beta.primitive.clone(),
+        work,
+        epsilon,
+    );
+    let inner = <Autodiff<B, C> as AutodiffBackend>::from_inner;
+    let (mean, var) = (inner(f.mean.clone()), inner(f.var));
+    let stats = SavedStats {
+        mean: f.mean,
+        rstd: f.rstd,
+        work,
+    };
+    let output = match BatchNormBackward
+        .prepare::<C>([x.node.clone(), gamma.node.clone(), beta.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(mut prep) => {
+            let x_id = prep.checkpoint(&x);
+            let gamma_id = prep.checkpoint(&gamma);
+            prep.finish((x_id, gamma_id, stats), f.output)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(f.output),
+    };
+    BatchNormOutput { output, mean, var }
 }

@@ -12,7 +12,7 @@ use burn::tensor::module;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{activation, backend::Backend, Tensor, TensorPrimitive};
 
-use crate::batch_norm::BatchNormBackend;
+use crate::backend::ModelBackend;
 
 use crate::precision::{cast, Precision};
 
@@ -51,13 +51,13 @@ pub fn linear<B: Backend>(p: &Precision, layer: &Linear<B>, x: Tensor<B, 2>) -> 
 /// came in, so the next layer sees what it expects.
 ///
 /// Under autodiff (training) it normalises with the batch statistics through
-/// [`BatchNormBackend::batch_norm_train`], which saves only its input and per-channel vectors,
+/// [`ModelBackend::batch_norm_train`], which saves only its input and per-channel vectors,
 /// and updates the running averages as PyTorch's `BatchNorm2d` does: momentum, and the
 /// *unbiased* batch variance (× n/(n−1), n = batch × height × width) for the running variance,
 /// while the batch itself is normalised with the biased one. (Burn's own `BatchNorm` keeps the
 /// biased variance; a model trained here evaluates as it would in PyTorch.)
 /// Without autodiff (evaluation) it normalises with the running averages.
-pub fn batch_norm<B: BatchNormBackend>(
+pub fn batch_norm<B: ModelBackend>(
     p: &Precision,
     layer: &BatchNorm<B>,
     x: Tensor<B, 4>,

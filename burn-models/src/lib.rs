@@ -4,13 +4,16 @@
 //! [`Precision`] policy in `forward`: the policy decides every dtype, the layers only apply it.
 #![warn(missing_docs)]
 
+pub mod backend;
 pub mod batch_norm;
+pub mod boundary;
 pub mod layers;
 pub mod mobilenet;
 pub mod precision;
 pub mod simple;
 
-pub use batch_norm::BatchNormBackend;
+pub use backend::ModelBackend;
+pub use boundary::{mark, Boundary};
 pub use mobilenet::{MobileNet, MobileNetConfig, MobileNetError};
 pub use precision::{cast, dtype_name, Precision};
 pub use simple::{SimpleModel, SimpleModelConfig};

@@ -12,7 +12,8 @@ use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::prelude::*;
 
-use crate::batch_norm::BatchNormBackend;
+use crate::backend::ModelBackend;
+use crate::boundary::{mark, Boundary};
 use crate::layers;
 use crate::precision::Precision;
 
@@ -170,7 +171,7 @@ impl<B: Backend> ConvBn<B> {
     }
 }
 
-impl<B: BatchNormBackend> ConvBn<B> {
+impl<B: ModelBackend> ConvBn<B> {
     /// # Shapes
     /// `[batch, c_in, h, w]` → `[batch, c_out, h / stride, w / stride]`
     pub fn forward(&self, x: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
@@ -196,7 +197,7 @@ impl<B: Backend> DepthwiseSeparable<B> {
     }
 }
 
-impl<B: BatchNormBackend> DepthwiseSeparable<B> {
+impl<B: ModelBackend> DepthwiseSeparable<B> {
     /// # Shapes
     /// `[batch, c_in, h, w]` → `[batch, c_out, h / stride, w / stride]`
     pub fn forward(&self, x: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
@@ -204,6 +205,12 @@ impl<B: BatchNormBackend> DepthwiseSeparable<B> {
         self.pointwise.forward(x, p) // [B, c_out, h/s, w/s]
     }
 }
+
+/// Boundary names of the 13 blocks, for memory timelines.
+const BLOCK_NAMES: [&str; BLOCKS.len()] = [
+    "block1", "block2", "block3", "block4", "block5", "block6", "block7", "block8", "block9",
+    "block10", "block11", "block12", "block13",
+];
 
 /// MobileNetV1: stem, 13 depthwise-separable blocks, global average pool, classifier.
 #[derive(Module, Debug)]
@@ -227,15 +234,15 @@ impl<B: Backend> MobileNet<B> {
     }
 }
 
-impl<B: BatchNormBackend> MobileNet<B> {
+impl<B: ModelBackend> MobileNet<B> {
     /// The last block's feature maps, in the policy's compute dtype.
     ///
     /// # Shapes
     /// `[batch, 3, size, size]` → `[batch, 1024α, size/(16s), size/(16s)]`
     pub fn features(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
-        let mut x = self.stem.forward(images, p); // [B, 32α, size/s, size/s]
-        for block in &self.blocks {
-            x = block.forward(x, p);
+        let mut x = mark(self.stem.forward(images, p), Boundary("stem")); // [B, 32α, size/s, size/s]
+        for (block, name) in self.blocks.iter().zip(BLOCK_NAMES) {
+            x = mark(block.forward(x, p), Boundary(name));
         }
         x
     }
@@ -246,7 +253,8 @@ impl<B: BatchNormBackend> MobileNet<B> {
     /// `[batch, 3, size, size]` → `[batch, num_classes]`
     pub fn forward(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 2> {
         let x = layers::global_avg_pool(self.features(images, p)); // [B, 1024α]
-        let x = layers::linear(p, &self.fc, x); // [B, classes]
+        let x = mark(x, Boundary("pool"));
+        let x = mark(layers::linear(p, &self.fc, x), Boundary("fc")); // [B, classes]
         p.output(x)
     }
 }

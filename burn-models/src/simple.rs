@@ -8,6 +8,8 @@ use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
 use burn::prelude::*;
 
+use crate::backend::ModelBackend;
+use crate::boundary::{mark, Boundary};
 use crate::layers;
 use crate::precision::Precision;
 
@@ -49,16 +51,18 @@ impl<B: Backend> SimpleModel<B> {
     pub fn trainable_params(&self) -> usize {
         self.num_params()
     }
+}
 
+impl<B: ModelBackend> SimpleModel<B> {
     /// The pooled feature maps the classifier reads, in the policy's compute dtype: under
     /// mixed precision these (and every activation before them) are half precision.
     ///
     /// # Shapes
     /// `[batch, 3, 32, 32]` → `[batch, 64, 16, 16]`
     pub fn features(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
-        let x = layers::conv2d(p, &self.conv, images); // [B, 64, 32, 32]
-        let x = layers::relu(x);
-        layers::max_pool2d(x, 2) // [B, 64, 16, 16]
+        let x = mark(layers::conv2d(p, &self.conv, images), Boundary("conv")); // [B, 64, 32, 32]
+        let x = mark(layers::relu(x), Boundary("relu"));
+        mark(layers::max_pool2d(x, 2), Boundary("pool")) // [B, 64, 16, 16]
     }
 
     /// Logits for a batch of images.
@@ -67,7 +71,7 @@ impl<B: Backend> SimpleModel<B> {
     /// `[batch, 3, 32, 32]` → `[batch, num_classes]`
     pub fn forward(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 2> {
         let x = self.features(images, p).flatten(1, 3); // [B, 16384]
-        let x = layers::linear(p, &self.fc, x); // [B, classes]
+        let x = mark(layers::linear(p, &self.fc, x), Boundary("fc")); // [B, classes]
         p.output(x)
     }
 }

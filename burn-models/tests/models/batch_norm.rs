@@ -141,7 +141,7 @@ fn f16_input_keeps_dtypes_and_matches_f32() {
 /// back in f16 (with it true, in f32).
 #[test]
 fn batch_norm_computes_in_the_policys_dtype() {
-    use burn_models::BatchNormBackend;
+    use burn_models::ModelBackend;
     let (bn, x) = (layer(), input());
     for (work, expected) in [(DType::F16, DType::F16), (DType::F32, DType::F32)] {
         let x16 = x.clone().cast(DType::F16);

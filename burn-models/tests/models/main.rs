@@ -3,5 +3,7 @@
 //! Table of contents:
 /// oomlab's batch-norm autodiff op against Burn's BatchNorm, in f32 and f16.
 mod batch_norm;
+/// Layer boundaries: identity ops heard in both passes, checkpointing included.
+mod boundary;
 /// Parameter counts against the article, the paper and Keras; output shapes; bad configs.
 mod shapes;
