@@ -46,6 +46,7 @@ const EXAMPLES: &str = "Examples:
   trainer compare configs/*.toml --backend cpu --steps 20 --out runs/compare
   trainer find-batch-size --config configs/mobilenet.toml --backend cpu --budget 2GiB
   trainer --config configs/mobilenet.toml --backend cpu --max-steps 50
+  trainer --config configs/amp.toml --backend wgpu --max-steps 5   # Vulkan/Metal GPU, or llvmpipe
   trainer --config configs/f32.toml --set train.batch_size=32 --set train.lr=3e-4
   trainer --config configs/f32.toml --summary-json runs/f32.json
   trainer --config configs/f32.toml --resume runs/f32/checkpoint";
@@ -68,7 +69,8 @@ pub enum Command {
   trainer compare configs/*.toml --backend cpu --steps 20
   trainer compare configs/f32.toml configs/amp.toml configs/amp-accum.toml --out runs/amp
   trainer compare configs/mobilenet*.toml --set model.width_multiplier=0.5
-  trainer compare configs/f32.toml configs/amp.toml --sweep train.batch_size=32,64,128")]
+  trainer compare configs/f32.toml configs/amp.toml --sweep train.batch_size=32,64,128
+  trainer compare configs/amp.toml configs/amp-free-cache.toml --backend wgpu --steps 5")]
     Compare(CompareArgs),
 
     /// Find the largest micro-batch that fits, by trial steps at growing then bisected sizes,
@@ -76,6 +78,7 @@ pub enum Command {
     #[command(after_help = "Examples:
   trainer find-batch-size --config configs/mobilenet.toml --backend cpu --budget 2GiB
   trainer find-batch-size --config configs/amp.toml --backend cuda      # the GPU decides
+  trainer find-batch-size --config configs/amp.toml --backend wgpu --budget 1GiB
   trainer find-batch-size --config configs/f32.toml --budget 1GiB --margin 0.2")]
     FindBatchSize(FindArgs),
 }
@@ -119,7 +122,8 @@ pub struct FindArgs {
     #[arg(long, value_enum)]
     pub backend: Option<BackendKind>,
 
-    /// Memory a trial may peak at, e.g. 2GiB (else `memory.budget`; required on the CPU).
+    /// Memory a trial may peak at, e.g. 2GiB (else `memory.budget`; required on the CPU and
+    /// wgpu, which report no device memory size).
     #[arg(long, value_name = "SIZE", value_parser = size)]
     pub budget: Option<u64>,
 
@@ -186,6 +190,11 @@ pub struct RunArgs {
     /// Replace the checkpoint an earlier run left in `train.output_dir`.
     #[arg(long)]
     pub overwrite: bool,
+
+    /// Train even when the estimate says the run exceeds `memory.budget` or the GPU's free
+    /// memory: a real allocation failure then ends the run (exit 3, fixes ranked).
+    #[arg(long)]
+    pub skip_memory_check: bool,
 
     /// One measuring step for find-batch-size: no budget check, evaluation or checkpoint.
     #[arg(long, hide = true)]

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::NoDevice;
 use crate::config::ConfigError;
 use crate::data::DataError;
 use crate::memory::diagnosis::OutOfMemory;
@@ -18,9 +19,9 @@ use crate::training::interrupt::Interrupted;
 pub enum Exit {
     /// 0: done.
     Ok,
-    /// 1: a runtime error (I/O, a device that will not start, a diverged run).
+    /// 1: a runtime error (I/O, a diverged run).
     Runtime,
-    /// 2: a bad config, flag or data file.
+    /// 2: a bad config, flag or data file, or a backend this machine cannot run.
     BadInput,
     /// 3: out of memory (over `memory.budget`, over a GPU's free memory, or an allocation
     /// failed): the message ranks the fixes.
@@ -33,8 +34,9 @@ pub enum Exit {
 
 /// The exit codes for `--help`.
 pub const HELP: &str =
-    "Exit codes: 0 done, 1 runtime error, 2 bad config, flag, data or checkpoint, 3 out of memory
-(over memory.budget, or a CUDA allocation failed): the message ranks the fixes; 130 / 143
+    "Exit codes: 0 done, 1 runtime error, 2 bad config, flag, data or checkpoint, or a backend this
+machine lacks (no CUDA device, no Vulkan driver, a half type the device cannot do), 3 out of memory
+(over memory.budget, or a GPU allocation failed): the message ranks the fixes; 130 / 143
 stopped by Ctrl-C / SIGTERM after writing a checkpoint (a second signal stops at once).";
 
 impl Exit {
@@ -66,6 +68,7 @@ impl Exit {
         } else if error.downcast_ref::<ConfigError>().is_some()
             || error.downcast_ref::<DataError>().is_some()
             || error.downcast_ref::<CheckpointError>().is_some()
+            || error.downcast_ref::<NoDevice>().is_some()
         {
             Self::BadInput
         } else {

@@ -10,10 +10,10 @@
 //! | [`config`] | the TOML file: one file per section, each with its raw struct, validated spec and validation |
 //! | [`data`] | synthetic images and CIFAR-10, normalised and batched |
 //! | [`model`] | the network a config names (SimpleModel or MobileNet, from `burn-models`) |
-//! | [`backend`] | CPU (Flex) or CUDA, chosen once at start-up |
+//! | [`backend`] | CPU (Flex), CUDA or wgpu (Vulkan/Metal), chosen once at start-up: `mod.rs` (types, `auto`), `cuda.rs`, `wgpu.rs` (adapters) |
 //! | [`training`] | the loop (`training/mod.rs`, read beside the article's PyTorch loop) and its parts |
-//! | [`memory`] | probes (heap, CUDA), the analytic estimate, the OOM diagnosis and its capture, `free_cache` |
-//! | [`report`] | progress bar, per-window step log, end-of-run summary |
+//! | [`memory`] | one probe (`probe.rs`) over the heap or a CubeCL pool (`heap.rs`, `cube.rs`) sampled at every layer boundary (`timeline.rs`), the analytic estimate, the OOM diagnosis and its capture, `free_cache` |
+//! | [`report`] | progress bar, per-window step log, memory timeline chart, end-of-run summary |
 //! | [`malloc`], [`panics`] | glibc tuning for CPU training; capturing panics from CubeCL |
 //!
 //! # Where each fix lives
@@ -25,11 +25,11 @@
 //! | 2. batch norm kept in f32 | `precision.batch_norm_f32` | `burn-models` `batch_norm.rs` (autodiff op saving the half input and f32 statistics) |
 //! | 3. a smaller model | `model.width_multiplier` | `burn-models` `mobilenet.rs` |
 //! | 4. freeing cached memory | `memory.free_cache` | `memory/free_cache.rs` |
-//! | activation checkpointing | `memory.checkpointing` | `backend.rs` (Burn's balanced strategy, picked by type) |
+//! | activation checkpointing | `memory.checkpointing` | `backend/mod.rs` (Burn's balanced strategy, picked by type) |
 //! | knowing before you run | `memory.budget` | `memory/estimate.rs`, `memory/diagnosis.rs` (fixes ranked) |
 //! | surviving an OOM | — | `memory/catch.rs` (the panic becomes the diagnosis, exit 3) |
 //! | the largest batch that fits | — | `commands/find_batch_size.rs` |
-//! | measuring it | — | `memory/heap.rs` (exact CPU heap), `memory/cuda.rs` (CubeCL pool), `commands/compare/` |
+//! | measuring it | — | `memory/probe.rs` + `memory/heap.rs` (exact CPU heap) or `memory/cube.rs` (CubeCL pool, CUDA or wgpu), `burn-models` `boundary.rs` (a sample at every layer boundary, forward and backward), `report/timeline.rs`, `commands/compare/` |
 
 pub mod backend;
 pub mod cli;

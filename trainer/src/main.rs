@@ -15,6 +15,7 @@ static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 fn main() -> ExitCode {
     trainer::malloc::tune_for_training();
+    trainer::backend::headless();
     let cli = Cli::parse();
     let failure_json = cli.failure_json.clone();
     match commands::run(cli) {

@@ -3,7 +3,7 @@
 use burn::module::{ModuleMapper, Param};
 use burn::prelude::*;
 use burn::tensor::DType;
-use burn_models::{cast, BatchNormBackend, MobileNet, MobileNetError, Precision, SimpleModel};
+use burn_models::{cast, MobileNet, MobileNetError, ModelBackend, Precision, SimpleModel};
 
 use crate::config::ModelSpec;
 
@@ -41,7 +41,7 @@ impl<B: Backend> Classifier<B> {
     }
 }
 
-impl<B: BatchNormBackend> Classifier<B> {
+impl<B: ModelBackend> Classifier<B> {
     /// The feature maps before the classifier head, in the policy's compute dtype.
     pub fn features(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
         match self {

@@ -1,21 +1,46 @@
 //! Backend choice: one type alias per backend, picked once at start-up.
+//!
+//! `auto` takes CUDA, then a wgpu *hardware* adapter (discrete, integrated or virtual GPU), then
+//! the CPU: it never picks a CPU adapter such as Mesa's llvmpipe, which is a CPU at a GPU API's
+//! cost. `wgpu` takes any adapter, llvmpipe included (that is how CI runs the GPU path).
 
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::cuda::CudaDevice;
-use burn::backend::{Autodiff, Cuda, Flex};
-use burn::tensor::Tensor;
+use burn::backend::wgpu::WgpuDevice;
+use burn::backend::{Autodiff, Cuda, Flex, Wgpu};
+use burn::tensor::backend::Backend;
+use burn::tensor::DType;
 
 use crate::config::BackendKind;
-use crate::panics::{self, Captured};
+
+mod cuda;
+mod wgpu;
 
 /// Training on the CPU: Burn's Flex backend under autodiff.
 pub type CpuBackend = Autodiff<Flex>;
 /// Training on an NVIDIA GPU: burn-cuda under autodiff.
 pub type CudaBackend = Autodiff<Cuda>;
+/// Training on any other GPU: burn-wgpu (Vulkan; Metal on macOS) under autodiff.
+pub type WgpuBackend = Autodiff<Wgpu>;
 /// [`CpuBackend`] with balanced activation checkpointing (`memory.checkpointing`).
 pub type CpuCheckpointed = Autodiff<Flex, BalancedCheckpointing>;
 /// [`CudaBackend`] with balanced activation checkpointing.
 pub type CudaCheckpointed = Autodiff<Cuda, BalancedCheckpointing>;
+/// [`WgpuBackend`] with balanced activation checkpointing.
+pub type WgpuCheckpointed = Autodiff<Wgpu, BalancedCheckpointing>;
+
+/// A wgpu adapter a run uses.
+#[derive(Debug, Clone)]
+pub struct Adapter {
+    /// CubeCL's handle for it.
+    pub device: WgpuDevice,
+    /// The driver's name for it, e.g. `llvmpipe (LLVM 15.0.6, 256 bits)`.
+    pub name: String,
+    /// The graphics API: `Vulkan` or `Metal`.
+    pub api: String,
+    /// Whether it is a CPU (llvmpipe): GPU memory semantics at a CPU's speed.
+    pub is_cpu: bool,
+}
 
 /// The backend a run uses.
 #[derive(Debug, Clone)]
@@ -24,14 +49,17 @@ pub enum Selected {
     Cpu,
     /// CUDA device `index`.
     Cuda(CudaDevice),
+    /// A wgpu adapter.
+    Wgpu(Adapter),
 }
 
 impl Selected {
-    /// Name used in reports.
+    /// Name used in reports: `cpu`, `cuda:0`, `wgpu: llvmpipe (…), Vulkan`.
     pub fn name(&self) -> String {
         match self {
             Self::Cpu => "cpu".into(),
             Self::Cuda(d) => format!("cuda:{}", d.index),
+            Self::Wgpu(a) => format!("wgpu: {}, {}", a.name, a.api),
         }
     }
 
@@ -40,72 +68,78 @@ impl Selected {
         match self {
             Self::Cpu => BackendKind::Cpu,
             Self::Cuda(_) => BackendKind::Cuda,
+            Self::Wgpu(_) => BackendKind::Wgpu,
+        }
+    }
+
+    /// Whether the device can compute in `dtype` (a half type of a precision mode).
+    pub fn supports(&self, dtype: DType) -> bool {
+        match self {
+            Self::Cpu => <Flex as Backend>::supports_dtype(&Default::default(), dtype),
+            Self::Cuda(d) => <Cuda as Backend>::supports_dtype(d, dtype),
+            Self::Wgpu(a) => <Wgpu as Backend>::supports_dtype(&a.device, dtype),
         }
     }
 }
 
-/// `backend = "cuda"` where no usable GPU exists.
+/// The backend a config asks for cannot run on this machine.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "backend.kind = \"cuda\": no usable CUDA device {index}: {reason} (use --backend cpu or auto)"
-)]
-pub struct NoCuda {
-    index: usize,
-    reason: String,
+pub enum NoDevice {
+    /// `cuda`: no device, driver or NVRTC.
+    #[error(
+        "backend.kind = \"cuda\": no usable CUDA device {index}: {reason} (use --backend cpu or auto)"
+    )]
+    Cuda {
+        /// The device index asked for.
+        index: usize,
+        /// What failed.
+        reason: String,
+    },
+    /// `wgpu`: no loader, no adapter, or an adapter that cannot run a kernel.
+    #[error("backend.kind = \"wgpu\": {0} (use --backend cpu or auto)")]
+    Wgpu(String),
 }
 
-/// Resolves `kind`: `auto` takes CUDA when device `index` initialises, else the CPU, saying so.
-pub fn select(kind: BackendKind, index: usize) -> Result<Selected, NoCuda> {
+/// Mesa's Vulkan drivers try a Wayland connection when wgpu creates its instance, and
+/// libwayland prints "XDG_RUNTIME_DIR is invalid or not set" for each try on a headless machine
+/// (a server, CI). The trainer draws nothing on screen: point the variable at the temporary
+/// folder so the try fails quietly. Call first thing in `main`, before any thread starts.
+pub fn headless() {
+    if cfg!(target_os = "linux") && std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
+}
+
+/// Resolves `kind`: `auto` takes CUDA when device `index` initialises, else a wgpu hardware
+/// adapter, else the CPU, saying so.
+pub fn select(kind: BackendKind, index: usize) -> Result<Selected, NoDevice> {
     match kind {
         BackendKind::Cpu => Ok(Selected::Cpu),
-        BackendKind::Cuda => probe_cuda(index).map(Selected::Cuda),
-        BackendKind::Auto => match probe_cuda(index) {
-            Ok(device) => Ok(Selected::Cuda(device)),
-            Err(e) => {
-                eprintln!(
-                    "backend auto: no CUDA device ({}); using the CPU (Flex)",
-                    e.reason
-                );
-                Ok(Selected::Cpu)
+        BackendKind::Cuda => cuda::probe(index).map(Selected::Cuda),
+        BackendKind::Wgpu => wgpu::pick(true).map(Selected::Wgpu),
+        BackendKind::Auto => {
+            let cuda = match cuda::probe(index) {
+                Ok(device) => return Ok(Selected::Cuda(device)),
+                Err(NoDevice::Cuda { reason, .. }) => reason,
+                Err(e) => e.to_string(),
+            };
+            match wgpu::pick(false) {
+                Ok(adapter) => {
+                    eprintln!(
+                        "backend auto: no CUDA device ({cuda}); using {}",
+                        adapter.name
+                    );
+                    Ok(Selected::Wgpu(adapter))
+                }
+                Err(NoDevice::Wgpu(why)) => {
+                    eprintln!(
+                        "backend auto: no CUDA device ({cuda}), no wgpu GPU ({why}); using the \
+                         CPU (Flex)"
+                    );
+                    Ok(Selected::Cpu)
+                }
+                Err(e) => Err(e),
             }
-        },
-    }
-}
-
-/// Runs one tiny kernel on device `index`. CubeCL panics when the driver is missing (in its
-/// server thread, so this thread only sees a closed channel): the hook keeps the first panic
-/// message of any thread as the reason, and prints nothing.
-fn probe_cuda(index: usize) -> Result<CudaDevice, NoCuda> {
-    let fail = |reason: String| NoCuda { index, reason };
-    if std::env::var_os("OOMLAB_NO_CUDA").is_some() {
-        return Err(fail("disabled by OOMLAB_NO_CUDA".into()));
-    }
-    let Captured { result, first } = panics::capture(
-        |_| true,
-        false,
-        || {
-            let device = CudaDevice::new(index);
-            let ones = Tensor::<Cuda, 1>::ones([4], &device).sum().into_scalar();
-            (device, ones)
-        },
-    );
-    match result {
-        Ok((device, 4.0)) => Ok(device),
-        Ok((_, sum)) => Err(fail(format!("test kernel returned {sum}, expected 4"))),
-        Err(payload) => {
-            let reason = first
-                .or_else(|| Some(panics::message(payload.as_ref())))
-                .filter(|r| !r.is_empty())
-                .unwrap_or_else(|| "initialisation panicked".into());
-            // cudarc appends every library name it tried; the first clause is the reason.
-            let reason = reason.lines().next().unwrap_or_default();
-            Err(fail(
-                reason
-                    .split(" - searched")
-                    .next()
-                    .unwrap_or(reason)
-                    .to_string(),
-            ))
         }
     }
 }

@@ -201,11 +201,16 @@ pub fn run(args: FindArgs, dry: bool) -> anyhow::Result<()> {
         return dry_run_ok(&format!("{} loads", settings.path.display()));
     }
     let selected = backend::select(settings.backend, settings.cuda_index)?;
-    if budget.is_none() && matches!(selected, Selected::Cpu) {
+    let unknown_limit = match selected {
+        Selected::Cuda(_) => None,
+        Selected::Cpu => Some("the CPU has no memory limit to find"),
+        Selected::Wgpu(_) => Some("wgpu reports no device memory size"),
+    };
+    if let (None, Some(why)) = (budget, unknown_limit) {
         return Err(config::out_of_range(
             "--budget",
             "(none)",
-            "the CPU has no memory limit to find: give --budget SIZE or memory.budget",
+            &format!("{why}: give --budget SIZE or memory.budget"),
         )
         .into());
     }

@@ -1,14 +1,16 @@
 //! The default command: train one config and print its summary.
 
 use super::{dry_run_ok, outputs, settings};
-use crate::backend::{self, CpuBackend, CpuCheckpointed, CudaBackend, CudaCheckpointed, Selected};
+use crate::backend::{self, Selected};
+use crate::backend::{CpuBackend, CpuCheckpointed, CudaBackend, CudaCheckpointed};
+use crate::backend::{WgpuBackend, WgpuCheckpointed};
 use crate::cli::RunArgs;
-use crate::config::{Checkpointing, Purpose};
+use crate::config::{unsupported_dtype, Checkpointing, Purpose};
 use crate::memory::catch::{self, Tracked};
-use crate::memory::cuda::{device_memory, CudaProbe};
+use crate::memory::cube::{self, device_memory};
 use crate::memory::diagnosis;
 use crate::memory::estimate::Target;
-use crate::memory::heap::HeapProbe;
+use crate::memory::heap::{Heap, HeapProbe};
 use crate::memory::host;
 use crate::training::{train, RunOptions};
 
@@ -23,6 +25,13 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
         eprintln!("note: {note}");
     }
     host::check(&settings)?;
+    // The device and its dtypes are settled before any output folder is made.
+    let selected = backend::select(settings.backend, settings.cuda_index)?;
+    if let Some(half) = settings.precision.mode.half() {
+        if !selected.supports(half) {
+            return Err(unsupported_dtype(settings.precision.mode, &selected.name()).into());
+        }
+    }
     let settings = match cli.trial {
         true => settings,
         false => outputs::prepare(
@@ -32,9 +41,8 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
             cli.summary_json.as_deref(),
         )?,
     };
-    let selected = backend::select(settings.backend, settings.cuda_index)?;
     let target = Target::of(selected.kind());
-    if !cli.trial {
+    if !cli.trial && !cli.skip_memory_check {
         diagnosis::check_budget(&settings, target)?;
         if let Selected::Cuda(device) = &selected {
             if let Some((free, total)) = device_memory(device.index) {
@@ -50,7 +58,7 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
     let s = &settings;
     let summary = catch::catch(s, target, || match &selected {
         Selected::Cpu => {
-            let (mut heap, device) = (HeapProbe::default(), Default::default());
+            let (mut heap, device) = (HeapProbe::new(Heap), Default::default());
             let probe = &mut Tracked(&mut heap);
             match balanced {
                 false => train::<CpuBackend>(s, device, &selected, options, probe),
@@ -58,11 +66,19 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
             }
         }
         Selected::Cuda(device) => {
-            let mut cuda = CudaProbe::new(device.clone());
+            let mut cuda = cube::cuda(device.clone());
             let (probe, device) = (&mut Tracked(&mut cuda), device.clone());
             match balanced {
                 false => train::<CudaBackend>(s, device, &selected, options, probe),
                 true => train::<CudaCheckpointed>(s, device, &selected, options, probe),
+            }
+        }
+        Selected::Wgpu(adapter) => {
+            let mut wgpu = cube::wgpu(adapter.device.clone());
+            let (probe, device) = (&mut Tracked(&mut wgpu), adapter.device.clone());
+            match balanced {
+                false => train::<WgpuBackend>(s, device, &selected, options, probe),
+                true => train::<WgpuCheckpointed>(s, device, &selected, options, probe),
             }
         }
     })?;

@@ -6,11 +6,15 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
-    /// CUDA when a device initialises, else the CPU.
+    /// CUDA when a device initialises, else a wgpu GPU adapter (never a CPU one), else the
+    /// CPU.
     #[default]
     Auto,
     /// NVIDIA GPU through burn-cuda; an error when none is usable.
     Cuda,
+    /// Any other GPU through burn-wgpu (Vulkan; Metal on macOS); CPU adapters such as
+    /// llvmpipe included. An error when none is usable.
+    Wgpu,
     /// The CPU through Burn's Flex backend.
     Cpu,
 }
@@ -21,6 +25,7 @@ impl BackendKind {
         match self {
             Self::Auto => "auto",
             Self::Cuda => "cuda",
+            Self::Wgpu => "wgpu",
             Self::Cpu => "cpu",
         }
     }

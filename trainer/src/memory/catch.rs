@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use crate::config::Settings;
 use crate::memory::diagnosis::diagnose;
 use crate::memory::estimate::Target;
+use crate::memory::timeline::Timeline;
 use crate::memory::{MemoryProbe, MemoryReport, Phase};
 use crate::panics::{self, Captured};
 
@@ -25,6 +26,9 @@ impl MemoryProbe for Tracked<'_> {
     }
     fn report(&self) -> MemoryReport {
         self.0.report()
+    }
+    fn timeline(&self) -> Option<Timeline> {
+        self.0.timeline()
     }
 }
 

@@ -1,25 +1,77 @@
-//! The CUDA probe: CubeCL's memory usage for the device (bytes in use, bytes reserved), read
-//! after a device sync at each phase boundary. CubeCL keeps no peak, so the peak here is the
-//! largest sample: allocations that live only between two boundaries are not seen. The driver's
-//! free/total memory (cuMemGetInfo, what nvidia-smi shows) adds the device-wide used bytes:
-//! CubeCL's pools, the CUDA context and every other process on the device.
+//! The GPU probe: CubeCL's memory usage for a device (bytes in use, bytes reserved by its
+//! pools), read after a device sync. CUDA and wgpu share this code; only the driver's
+//! device-wide figure ([`device_memory`], what nvidia-smi shows: CubeCL's pools, the CUDA
+//! context and every other process) is CUDA's alone.
+//!
+//! CubeCL keeps no peak: the peak reported is the largest sample, taken at every layer
+//! boundary of forward and backward. An allocation that lives only inside one layer is not seen.
+
+use std::marker::PhantomData;
 
 use burn::backend::cuda::CudaDevice;
-use burn::backend::Cuda;
+use burn::backend::wgpu::{WgpuDevice, WgpuRuntime};
+use burn::backend::{Cuda, Wgpu};
 use burn::cubecl::cuda::CudaRuntime;
 use burn::cubecl::Runtime;
 use burn::tensor::backend::Backend;
 
-use super::{MemoryProbe, MemoryReport, Phase, PhaseMax};
+use super::probe::{Meter, Probe, Reading};
 
-/// Sampled CubeCL usage of one CUDA device.
-pub struct CudaProbe {
-    device: CudaDevice,
-    in_use: u64,
-    reserved: u64,
-    reserved_after_step: u64,
-    device_used: Option<u64>,
-    phases: PhaseMax,
+/// A device of Burn backend `B`, whose CubeCL runtime is `R`, as a [`Meter`].
+pub struct Cube<B: Backend, R: Runtime> {
+    device: B::Device,
+    name: &'static str,
+    device_used: fn(&B::Device) -> Option<u64>,
+    runtime: PhantomData<fn() -> R>,
+}
+
+impl<B, R> Meter for Cube<B, R>
+where
+    B: Backend,
+    R: Runtime<Device = B::Device>,
+{
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn read(&self) -> Option<Reading> {
+        // Pending (fused) kernels must run before their memory shows.
+        B::sync(&self.device).ok()?;
+        let usage = R::client(&self.device).memory_usage().ok()?;
+        Some(Reading {
+            in_use: usage.bytes_in_use,
+            reserved: Some(usage.bytes_reserved),
+        })
+    }
+
+    fn device_used(&self) -> Option<u64> {
+        (self.device_used)(&self.device)
+    }
+}
+
+/// Sampled CubeCL usage of a CUDA device, with the driver's device-wide figure.
+pub type CudaProbe = Probe<Cube<Cuda, CudaRuntime>>;
+/// Sampled CubeCL usage of a wgpu adapter (Vulkan, Metal).
+pub type WgpuProbe = Probe<Cube<Wgpu, WgpuRuntime>>;
+
+/// A probe for CUDA `device`.
+pub fn cuda(device: CudaDevice) -> CudaProbe {
+    Probe::new(Cube {
+        device,
+        name: "cuda",
+        device_used: |d| device_memory(d.index).map(|(free, total)| total.saturating_sub(free)),
+        runtime: PhantomData,
+    })
+}
+
+/// A probe for wgpu `device`. wgpu exposes no device-wide usage.
+pub fn wgpu(device: WgpuDevice) -> WgpuProbe {
+    Probe::new(Cube {
+        device,
+        name: "wgpu",
+        device_used: |_| None,
+        runtime: PhantomData,
+    })
 }
 
 /// The device's free and total bytes, from the driver. Binds device `index`'s primary context
@@ -40,53 +92,4 @@ pub fn device_memory(index: usize) -> Option<(u64, u64)> {
     };
     // cudarc panics when it cannot load the driver library.
     std::panic::catch_unwind(ask).ok().flatten()
-}
-
-impl CudaProbe {
-    /// A probe for `device`.
-    pub fn new(device: CudaDevice) -> Self {
-        Self {
-            device,
-            in_use: 0,
-            reserved: 0,
-            reserved_after_step: 0,
-            device_used: None,
-            phases: PhaseMax::default(),
-        }
-    }
-}
-
-impl MemoryProbe for CudaProbe {
-    fn sample(&mut self, phase: Phase) {
-        // Pending (fused) kernels must run before their memory shows.
-        if <Cuda as Backend>::sync(&self.device).is_err() {
-            return;
-        }
-        let Ok(usage) = CudaRuntime::client(&self.device).memory_usage() else {
-            return;
-        };
-        self.in_use = self.in_use.max(usage.bytes_in_use);
-        self.reserved = self.reserved.max(usage.bytes_reserved);
-        self.phases.record(phase, usage.bytes_in_use);
-        if let Some((free, total)) = device_memory(self.device.index) {
-            let used = total.saturating_sub(free);
-            self.device_used = Some(self.device_used.map_or(used, |u| u.max(used)));
-        }
-        if phase == Phase::AfterStep {
-            self.reserved_after_step = usage.bytes_reserved;
-        }
-    }
-
-    fn report(&self) -> MemoryReport {
-        MemoryReport {
-            memory_probe: "cuda".into(),
-            peak_bytes: Some(self.in_use),
-            reserved_peak_bytes: Some(self.reserved),
-            reserved_after_step_bytes: Some(self.reserved_after_step),
-            device_used_peak_bytes: self.device_used,
-            live_after_forward_bytes: Some(self.phases.forward),
-            live_after_backward_bytes: Some(self.phases.backward),
-            live_after_step_bytes: Some(self.phases.step),
-        }
-    }
 }

@@ -34,7 +34,7 @@ impl Target {
     pub fn of(backend: BackendKind) -> Self {
         match backend {
             BackendKind::Cpu => Self::CpuHeap,
-            BackendKind::Auto | BackendKind::Cuda => Self::Device,
+            BackendKind::Auto | BackendKind::Cuda | BackendKind::Wgpu => Self::Device,
         }
     }
 }
@@ -137,7 +137,7 @@ fn dtype_bytes(settings: &Settings) -> (u64, u64) {
 }
 
 /// One op of the forward pass, per image: what it saves for backward (elements of the compute
-/// dtype, and of 8-byte max-pool indices), its input and output sizes, the f32 elements the CPU
+/// dtype, and of max-pool indices: 8 bytes on Flex, 4 on CubeCL), its input and output sizes, the f32 elements the CPU
 /// backend's bf16 path converts in its backward (Flex runs bf16 conv, max-pool and matmul
 /// through f32 copies), and whether what it saves is a ReLU's output (balanced checkpointing
 /// recomputes that instead of keeping it).
@@ -261,8 +261,8 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
 /// backwards, each op's saved tensors are freed after it, while the gradient arriving at its
 /// output and the one it produces for its input are alive. `bf16_f32` adds the f32 copies that
 /// the CPU backend's bf16 kernels make (Flex converts bf16 arguments to f32).
-fn backward_excess(ops: &[Op], b: u64, compute: u64, bf16_f32: bool) -> u64 {
-    let saved = |o: &Op| b * (o.saves * compute + o.indices * 8);
+fn backward_excess(ops: &[Op], b: u64, compute: u64, index: u64, bf16_f32: bool) -> u64 {
+    let saved = |o: &Op| b * (o.saves * compute + o.indices * index);
     let mut alive: u64 = ops.iter().map(saved).sum();
     let forward_end = alive;
     let mut peak = forward_end;
@@ -320,9 +320,14 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
     if mode.half().is_some() && mode.master_weights() {
         model_state.push(line("half copies of conv/linear weights", weights, 2));
     }
+    // Max-pool argmax indices are the backend's int: i64 on Flex, i32 on CubeCL (CUDA, wgpu).
+    let index = match target {
+        Target::CpuHeap => 8,
+        Target::Device => 4,
+    };
     let mut activations: Vec<Line> = Vec::new();
     for o in &ops {
-        let bytes = b * (o.saves * compute + o.indices * 8);
+        let bytes = b * (o.saves * compute + o.indices * index);
         let elements = b * (o.saves + o.indices);
         match activations.last_mut() {
             Some(last) if last.what == o.group => {
@@ -344,7 +349,7 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         4,
     ));
     let bf16_f32 = target == Target::CpuHeap && mode == PrecisionMode::Bf16Mixed;
-    let excess = backward_excess(&ops, b, compute, bf16_f32);
+    let excess = backward_excess(&ops, b, compute, index, bf16_f32);
     let what = if bf16_f32 {
         "backward: gradients in flight (+ CPU bf16 kernels' f32 copies)"
     } else {

@@ -6,7 +6,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use super::{MemoryProbe, MemoryReport, Phase, PhaseMax};
+use super::probe::{Meter, Probe, Reading};
 
 static LIVE: AtomicU64 = AtomicU64::new(0);
 static PEAK: AtomicU64 = AtomicU64::new(0);
@@ -72,36 +72,30 @@ pub fn installed() -> bool {
     live() > 0 || peak() > 0
 }
 
-/// Heap peaks over training steps, evaluation excluded.
+/// The process heap as a [`Meter`]: live bytes, and the allocator's exact peak per window.
 #[derive(Debug, Default)]
-pub struct HeapProbe {
-    peak: u64,
-    phases: PhaseMax,
-}
+pub struct Heap;
 
-impl MemoryProbe for HeapProbe {
-    fn sample(&mut self, phase: Phase) {
-        if phase == Phase::WindowStart {
-            reset_peak();
-            return;
-        }
-        self.peak = self.peak.max(peak());
-        self.phases.record(phase, live());
+impl Meter for Heap {
+    fn name(&self) -> &'static str {
+        "heap"
     }
 
-    fn report(&self) -> MemoryReport {
-        if !installed() {
-            return super::NullProbe.report();
-        }
-        MemoryReport {
-            memory_probe: "heap".into(),
-            peak_bytes: Some(self.peak),
-            reserved_peak_bytes: None,
-            reserved_after_step_bytes: None,
-            device_used_peak_bytes: None,
-            live_after_forward_bytes: Some(self.phases.forward),
-            live_after_backward_bytes: Some(self.phases.backward),
-            live_after_step_bytes: Some(self.phases.step),
-        }
+    fn read(&self) -> Option<Reading> {
+        installed().then(|| Reading {
+            in_use: live(),
+            reserved: None,
+        })
+    }
+
+    fn window_start(&self) {
+        reset_peak();
+    }
+
+    fn exact_peak(&self) -> Option<u64> {
+        installed().then(peak)
     }
 }
+
+/// Heap peaks over training steps (evaluation excluded), exact, and the heap's timeline.
+pub type HeapProbe = Probe<Heap>;

@@ -1,20 +1,22 @@
-//! Memory: measured ([`heap`], [`cuda`]), predicted ([`estimate`]), diagnosed when it runs out
+//! Memory: measured ([`probe`] over [`heap`] or [`cube`], drawn as a [`timeline`]), predicted ([`estimate`]), diagnosed when it runs out
 //! ([`diagnosis`], [`catch`]) and given back ([`free_cache`]).
 //!
-//! One [`MemoryProbe`] per backend is sampled at the phase boundaries of every micro-batch
-//! (after forward, after backward) and optimizer step.
+//! One [`MemoryProbe`] per run is sampled at the phase boundaries of every micro-batch (after
+//! forward, after backward) and optimizer step, and at every layer boundary of both passes.
 //!
-//! CubeCL reports current usage only and Burn keeps no peak, so probes keep their own maxima.
+//! CubeCL reports current usage only and Burn keeps no peak, so its peak is the largest sample.
 //! On the CPU, [`heap::CountingAllocator`] (installed by the `trainer` binary) sees every
 //! allocation, so its peak is exact, not sampled.
 
 pub mod catch;
-pub mod cuda;
+pub mod cube;
 pub mod diagnosis;
 pub mod estimate;
 pub mod free_cache;
 pub mod heap;
 pub mod host;
+pub mod probe;
+pub mod timeline;
 
 use serde::{Deserialize, Serialize};
 
@@ -36,10 +38,13 @@ pub enum Phase {
 pub struct MemoryReport {
     /// `heap` (CPU counting allocator), `cuda` (CubeCL memory usage) or `none`.
     pub memory_probe: String,
-    /// Peak bytes in use during training steps: exact on the heap, sampled at phase
-    /// boundaries on CUDA.
+    /// Peak bytes in use during training steps: exact on the heap, the largest sample on
+    /// CubeCL.
     pub peak_bytes: Option<u64>,
-    /// Peak bytes the allocator held from the device (CUDA: CubeCL's reserved pools).
+    /// How `peak_bytes` was obtained.
+    #[serde(default)]
+    pub peak_method: Option<String>,
+    /// Peak bytes the allocator held from the device (CubeCL's reserved pools).
     pub reserved_peak_bytes: Option<u64>,
     /// Bytes the allocator still held after the last optimizer step (after `free_cache`'s
     /// cleanup, when it runs per step).
@@ -61,6 +66,10 @@ pub trait MemoryProbe {
     fn sample(&mut self, phase: Phase);
     /// Everything measured so far.
     fn report(&self) -> MemoryReport;
+    /// The samples of the window that peaked, where the probe keeps them.
+    fn timeline(&self) -> Option<timeline::Timeline> {
+        None
+    }
 }
 
 /// Per-phase maxima, shared by the probes.

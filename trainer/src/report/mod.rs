@@ -1,9 +1,11 @@
 //! What a run tells its user: the progress bar while it trains, the per-window step log
-//! (steps.csv, loss_scale.svg) and the end-of-run summary.
+//! (steps.csv, loss_scale.svg), the memory timeline of the peak window (memory_timeline.csv,
+//! .svg) and the end-of-run summary.
 
 pub mod progress;
 pub mod step_log;
 pub mod summary;
+pub mod timeline;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -11,7 +11,7 @@ use crate::config::Settings;
 use crate::memory::estimate::{estimate, Target};
 use crate::memory::{human, MemoryReport};
 use crate::model::Classifier;
-use crate::training::record::Record;
+use crate::training::record::{Record, Warmup};
 use crate::training::step::Stepper;
 
 /// What a training run did. `--summary-json` writes exactly these fields.
@@ -41,8 +41,11 @@ pub struct Summary {
     pub final_lr: f64,
     pub steps: usize,
     pub epochs: usize,
+    /// Images per second after the warm-up.
     #[serde(deserialize_with = "nan_if_null")]
     pub images_per_sec: f64,
+    /// The first steps of the process: kernel compilation, autotune, pools growing.
+    pub warmup: Warmup,
     #[serde(deserialize_with = "nan_if_null")]
     pub final_train_loss: f64,
     #[serde(deserialize_with = "nan_if_null")]
@@ -106,6 +109,7 @@ impl Summary {
             steps: stepper.step,
             epochs,
             images_per_sec: record.images_per_sec(),
+            warmup: record.warmup(),
             final_train_loss: record.final_train_loss(),
             eval_loss: eval.map_or(f64::NAN, |e| e.loss),
             eval_accuracy: eval.map_or(f64::NAN, |e| e.accuracy),
@@ -159,6 +163,7 @@ impl Summary {
             ("steps", self.steps.to_string()),
             ("epochs", self.epochs.to_string()),
             ("images/s", format!("{:.0}", self.images_per_sec)),
+            ("warm-up", self.warmup.describe()),
             ("final train loss", format!("{:.4}", self.final_train_loss)),
             ("eval loss", format!("{:.4}", self.eval_loss)),
             (
@@ -171,6 +176,13 @@ impl Summary {
             ("act. checkpointing", self.checkpointing.clone()),
             ("memory probe", self.memory.memory_probe.clone()),
             ("peak in use", bytes(self.memory.peak_bytes)),
+            (
+                "peak measured as",
+                self.memory
+                    .peak_method
+                    .clone()
+                    .unwrap_or_else(|| "n/a".into()),
+            ),
             (
                 "predicted peak",
                 format!(
@@ -213,6 +225,24 @@ impl Summary {
     pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
         let json = serde_json::to_string_pretty(self)?;
         super::write_atomic(path, (json + "\n").as_bytes())
+    }
+}
+
+impl Warmup {
+    /// `first 1 step: 12.3 s (excluded from images/s)`.
+    fn describe(&self) -> String {
+        let steps = match self.steps {
+            1 => "1 step".to_string(),
+            n => format!("{n} steps"),
+        };
+        let how = match self.excluded {
+            true => "excluded from images/s",
+            false => "images/s includes it: no step followed",
+        };
+        format!(
+            "first {steps}: {:.1} s (kernel compilation, autotune, pools growing; {how})",
+            self.seconds
+        )
     }
 }
 

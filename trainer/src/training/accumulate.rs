@@ -10,7 +10,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn_models::{BatchNormBackend, Precision};
+use burn_models::{ModelBackend, Precision};
 use serde::{Deserialize, Serialize};
 
 use crate::memory::{MemoryProbe, Phase};
@@ -83,7 +83,7 @@ pub fn window_gradients<B>(
     mut load: impl FnMut(&[usize]) -> (Tensor<B, 4>, Tensor<B, 1, Int>),
 ) -> WindowGrads
 where
-    B: AutodiffBackend + BatchNormBackend,
+    B: AutodiffBackend + ModelBackend,
 {
     let mut accumulator = GradientsAccumulator::new();
     let total = window.len() as f64;

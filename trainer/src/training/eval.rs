@@ -2,7 +2,7 @@
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
-use burn_models::{BatchNormBackend, Precision};
+use burn_models::{ModelBackend, Precision};
 
 use crate::data::{Batcher, ImageSet};
 use crate::model::Classifier;
@@ -17,7 +17,7 @@ pub struct EvalResult {
 }
 
 /// Evaluates `model` (already `valid()`, so batch norm uses its running statistics) on `set`.
-pub fn evaluate<B: BatchNormBackend>(
+pub fn evaluate<B: ModelBackend>(
     model: &Classifier<B>,
     set: &ImageSet,
     batcher: &Batcher,

@@ -31,7 +31,7 @@ use std::time::Instant;
 use anyhow::Context;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use burn_models::BatchNormBackend;
+use burn_models::ModelBackend;
 
 use crate::backend::Selected;
 use crate::config::{unsupported_dtype, PrecisionMode, Settings};
@@ -69,12 +69,13 @@ pub fn train<B>(
     probe: &mut dyn MemoryProbe,
 ) -> anyhow::Result<Summary>
 where
-    B: AutodiffBackend + BatchNormBackend,
-    B::InnerBackend: BatchNormBackend,
+    B: AutodiffBackend + ModelBackend,
+    B::InnerBackend: ModelBackend,
 {
     let started = Instant::now();
     let (t, p) = (&settings.train, &settings.precision);
     if let Some(half) = p.mode.half() {
+        // `run` checked the selected device already; library callers get the same error.
         if !B::supports_dtype(&device, half) {
             return Err(unsupported_dtype(p.mode, &backend.name()).into());
         }
@@ -179,6 +180,9 @@ where
         }
     }
     record.finish();
+    if let (Some(timeline), false) = (probe.timeline(), options.trial) {
+        crate::report::timeline::write(&t.output_dir, &timeline)?;
+    }
     // A run that ends mid-epoch is saved and evaluated at its end too.
     if !options.trial && (position.window != 0 || record.eval().is_none()) {
         save(&model, &stepper, position, &record)?;

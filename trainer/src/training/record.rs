@@ -26,14 +26,32 @@ fn remedy(lr: f64) -> String {
 /// How many of the last step losses the summary's "final train loss" averages.
 const LOSS_WINDOW: usize = 20;
 
+/// Windows at the start of each process timed as warm-up, not training: CubeCL compiles and
+/// autotunes every kernel the first time it meets a shape, and all allocators grow their pools.
+pub const WARMUP_WINDOWS: usize = 1;
+
+/// The warm-up of a run, reported on its own.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Warmup {
+    /// Seconds the warm-up windows took.
+    pub seconds: f64,
+    /// Windows timed as warm-up.
+    pub steps: usize,
+    /// Whether images/s leaves them out (false when no window followed them).
+    pub excluded: bool,
+}
+
 /// What a run has done so far.
 pub struct Record {
     progress: Progress,
     /// Every window, loaded from the checkpoint on resume: the losses come from here.
     log: StepLog,
-    /// Time in training windows (evaluation and checkpoints excluded).
+    /// Time in training windows after the warm-up (evaluation and checkpoints excluded).
     train_seconds: f64,
     images: usize,
+    /// The first [`WARMUP_WINDOWS`] windows of this process: time and images.
+    warmup: (f64, usize),
+    windows_timed: usize,
     /// The largest window trained: the real samples per step when the split is smaller
     /// than the configured window.
     largest_window: usize,
@@ -62,6 +80,8 @@ impl Record {
             log,
             train_seconds: 0.0,
             images: 0,
+            warmup: (0.0, 0),
+            windows_timed: 0,
             largest_window: 0,
             // Pure f16 has no master weights; how many updates round away is what it teaches.
             unchanged: (!settings.precision.mode.master_weights()).then(Vec::new),
@@ -104,8 +124,15 @@ impl Record {
         {
             unchanged.push(before.unchanged_fraction(model));
         }
-        self.train_seconds += tick.elapsed().as_secs_f64();
-        self.images += samples;
+        let seconds = tick.elapsed().as_secs_f64();
+        self.windows_timed += 1;
+        if self.windows_timed <= WARMUP_WINDOWS {
+            self.warmup.0 += seconds;
+            self.warmup.1 += samples;
+        } else {
+            self.train_seconds += seconds;
+            self.images += samples;
+        }
         self.largest_window = self.largest_window.max(samples);
         let describe = stepper.scaler.describe();
         let rate = self.images_per_sec();
@@ -189,9 +216,22 @@ impl Record {
         self.progress.finish();
     }
 
-    /// Images per second of training windows.
+    /// Images per second of training windows after the warm-up; of the warm-up itself when
+    /// no window followed it.
     pub fn images_per_sec(&self) -> f64 {
-        self.images as f64 / self.train_seconds.max(1e-9)
+        match self.images {
+            0 => self.warmup.1 as f64 / self.warmup.0.max(1e-9),
+            n => n as f64 / self.train_seconds.max(1e-9),
+        }
+    }
+
+    /// Seconds and windows of the warm-up, and whether images/s excludes it.
+    pub fn warmup(&self) -> Warmup {
+        Warmup {
+            seconds: self.warmup.0,
+            steps: self.windows_timed.min(WARMUP_WINDOWS),
+            excluded: self.images > 0,
+        }
     }
 
     /// Mean of the last [`LOSS_WINDOW`] step losses (NaN before the first step).

@@ -21,15 +21,23 @@ pub fn temp(name: &str) -> PathBuf {
     dir
 }
 
-/// Runs `trainer ARGS` from the repository root, CUDA disabled so every machine takes the
-/// same path.
+/// Runs `trainer ARGS` from the repository root, CUDA and wgpu disabled so every machine
+/// takes the same path (`auto` is the CPU).
 pub fn run(args: &[&str]) -> Output {
-    Command::new(binary())
+    run_env(args, &[("OOMLAB_NO_WGPU", "1")])
+}
+
+/// [`run`] with `env` set, CUDA disabled, wgpu left on.
+pub fn run_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(binary());
+    command
         .args(args)
         .current_dir(root())
-        .env("OOMLAB_NO_CUDA", "1")
-        .output()
-        .expect("spawn trainer")
+        .env("OOMLAB_NO_CUDA", "1");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().expect("spawn trainer")
 }
 
 /// Runs and asserts success, returning stdout.

@@ -1,4 +1,5 @@
-//! End-to-end tests: the real `trainer` binary on the real configs, on the CPU backend.
+//! End-to-end tests: the real `trainer` binary on the real configs, on the CPU backend and on
+//! wgpu over a software Vulkan device (llvmpipe).
 //!
 //! Table of contents:
 /// The book's commands parse and its figures exist.
@@ -18,3 +19,5 @@ mod reliability;
 mod resume;
 /// Training runs: both models learn, runs are reproducible, backends are chosen right.
 mod train;
+/// The GPU path on llvmpipe: a real CubeCL pool, free_cache, checkpointing, resume, errors.
+mod wgpu;

@@ -148,7 +148,8 @@ fn auto_falls_back_to_the_cpu_with_one_line() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
         stderr(&out).lines().next().unwrap_or_default(),
-        "backend auto: no CUDA device (disabled by OOMLAB_NO_CUDA); using the CPU (Flex)"
+        "backend auto: no CUDA device (disabled by OOMLAB_NO_CUDA), no wgpu GPU (disabled by \
+         OOMLAB_NO_WGPU); using the CPU (Flex)"
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
@@ -161,7 +162,7 @@ fn auto_falls_back_to_the_cpu_with_one_line() {
 #[test]
 fn cuda_without_a_device_is_a_clear_error() {
     let out = run(&["--backend", "cuda", "--max-steps", "1"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         stderr(&out),
         "error: backend.kind = \"cuda\": no usable CUDA device 0: disabled by OOMLAB_NO_CUDA \

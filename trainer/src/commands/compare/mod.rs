@@ -34,7 +34,10 @@ pub struct Row {
     pub predicted_peak_bytes: Option<u64>,
     pub peak_bytes: Option<u64>,
     pub reserved_peak_bytes: Option<u64>,
-    /// `heap` (CPU) or `cuda`: what `peak_bytes` counts.
+    /// Reserved bytes right after the last optimizer step (after `free_cache`'s cleanup).
+    #[serde(default)]
+    pub reserved_after_step_bytes: Option<u64>,
+    /// `heap` (CPU), `cuda` or `wgpu`: what `peak_bytes` counts.
     pub memory_probe: Option<String>,
     pub images_per_sec: Option<f64>,
     pub final_train_loss: Option<f64>,
@@ -59,6 +62,7 @@ impl Row {
             predicted_peak_bytes: Some(s.predicted_peak_bytes),
             peak_bytes: s.memory.peak_bytes,
             reserved_peak_bytes: s.memory.reserved_peak_bytes,
+            reserved_after_step_bytes: s.memory.reserved_after_step_bytes,
             memory_probe: Some(s.memory.memory_probe),
             images_per_sec: Some(s.images_per_sec),
             final_train_loss: Some(s.final_train_loss),

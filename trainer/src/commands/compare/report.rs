@@ -35,7 +35,10 @@ fn columns(r: &Row) -> [(&'static str, String); 14] {
         (
             "peak reserved",
             match (&r.memory_probe, r.reserved_peak_bytes) {
-                (_, Some(b)) => human(b),
+                (_, Some(b)) => match r.reserved_after_step_bytes {
+                    Some(after) => format!("{} ({} after step)", human(b), human(after)),
+                    None => human(b),
+                },
                 (Some(p), None) if p == "heap" => "n/a (heap)".into(),
                 _ => "—".into(),
             },
@@ -89,7 +92,7 @@ pub fn markdown(rows: &[Row]) -> String {
 pub fn csv(rows: &[Row]) -> String {
     let mut out = String::from(
         "config,name,model,parameters,backend,precision,batch_norm,batch_size,accum_steps,predicted_peak_bytes,\
-         peak_bytes,reserved_peak_bytes,memory_probe,images_per_sec,final_train_loss,\
+         peak_bytes,reserved_peak_bytes,reserved_after_step_bytes,memory_probe,images_per_sec,final_train_loss,\
          eval_accuracy,skipped_steps,error\n",
     );
     let s = |v: &Option<String>| quote(v.as_deref().unwrap_or(""));
@@ -108,6 +111,7 @@ pub fn csv(rows: &[Row]) -> String {
             n(r.predicted_peak_bytes.map(|v| v.to_string())),
             n(r.peak_bytes.map(|v| v.to_string())),
             n(r.reserved_peak_bytes.map(|v| v.to_string())),
+            n(r.reserved_after_step_bytes.map(|v| v.to_string())),
             s(&r.memory_probe),
             n(r.images_per_sec.map(|v| format!("{v:.1}"))),
             n(r.final_train_loss.map(|v| format!("{v:.6}"))),

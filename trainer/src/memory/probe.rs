@@ -1,0 +1,162 @@
+//! One probe for every backend: a [`Meter`] says how many bytes are in use (and reserved) right
+//! now; [`Probe`] reads it at every phase boundary and, through the boundary listener it
+//! installs, at every layer boundary of forward and backward, and keeps the maxima, the
+//! per-phase figures and the [`Timeline`] of the window that peaked.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use burn_models::boundary::{self, Boundary, Pass};
+
+use super::timeline::{Event, Timeline};
+use super::{MemoryProbe, MemoryReport, Phase, PhaseMax};
+
+/// A reading: bytes in use and, where the allocator pools memory, bytes reserved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    /// Bytes of live tensors.
+    pub in_use: u64,
+    /// Bytes the allocator holds from the device (`None`: it holds nothing back).
+    pub reserved: Option<u64>,
+}
+
+/// Where a probe's readings come from.
+pub trait Meter: Send + Sync + 'static {
+    /// `memory_probe` in reports: `heap`, `cuda` or `wgpu`.
+    fn name(&self) -> &'static str;
+    /// The state now; `None` when the device cannot say (the sample is skipped).
+    fn read(&self) -> Option<Reading>;
+    /// A window begins (the heap restarts its exact peak here).
+    fn window_start(&self) {}
+    /// The exact peak since the window began, where the allocator keeps one.
+    fn exact_peak(&self) -> Option<u64> {
+        None
+    }
+    /// Device-wide bytes in use (the driver's view), read at phase boundaries only.
+    fn device_used(&self) -> Option<u64> {
+        None
+    }
+}
+
+#[derive(Debug, Default)]
+struct Figures {
+    peak: u64,
+    reserved_peak: Option<u64>,
+    reserved_after_step: Option<u64>,
+    device_used_peak: Option<u64>,
+    samples: u64,
+    phases: PhaseMax,
+    timeline: Timeline,
+}
+
+impl Figures {
+    fn record(&mut self, event: Event, r: Reading) {
+        self.peak = self.peak.max(r.in_use);
+        if let Some(reserved) = r.reserved {
+            self.reserved_peak = Some(self.reserved_peak.unwrap_or(0).max(reserved));
+        }
+        self.samples += 1;
+        self.timeline.push(event, r.in_use, r.reserved);
+    }
+}
+
+struct Shared<M> {
+    meter: M,
+    figures: Mutex<Figures>,
+}
+
+impl<M: Meter> Shared<M> {
+    fn figures(&self) -> MutexGuard<'_, Figures> {
+        // A panic while recording (an OOM being caught) leaves usable figures.
+        self.figures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn sample(&self, event: Event) -> Option<Reading> {
+        let reading = self.meter.read()?;
+        self.figures().record(event, reading);
+        Some(reading)
+    }
+}
+
+/// Samples a [`Meter`] at phase and layer boundaries. While it lives it is the process's
+/// boundary listener (one training per process: the trainer runs trials in child processes).
+pub struct Probe<M: Meter> {
+    shared: Arc<Shared<M>>,
+}
+
+impl<M: Meter> Probe<M> {
+    /// A probe reading `meter`, listening to every layer boundary.
+    pub fn new(meter: M) -> Self {
+        let shared = Arc::new(Shared {
+            meter,
+            figures: Mutex::default(),
+        });
+        let listener = Arc::clone(&shared);
+        boundary::listen(Some(Arc::new(move |at: Boundary, pass: Pass| {
+            listener.sample(Event::crossing(at.0, pass));
+        })));
+        Self { shared }
+    }
+}
+
+impl<M: Meter> Drop for Probe<M> {
+    fn drop(&mut self) {
+        boundary::listen(None);
+    }
+}
+
+impl<M: Meter> MemoryProbe for Probe<M> {
+    fn sample(&mut self, phase: Phase) {
+        let event = match phase {
+            Phase::WindowStart => {
+                self.shared.meter.window_start();
+                self.shared.figures().timeline.start_window();
+                return;
+            }
+            Phase::AfterForward => Event::Loss,
+            Phase::AfterBackward => Event::Gradients,
+            Phase::AfterStep => Event::Step,
+        };
+        let Some(reading) = self.shared.sample(event) else {
+            return;
+        };
+        let meter = &self.shared.meter;
+        let (exact, used) = (meter.exact_peak(), meter.device_used());
+        let mut f = self.shared.figures();
+        f.phases.record(phase, reading.in_use);
+        if let Some(exact) = exact {
+            f.peak = f.peak.max(exact);
+        }
+        if let Some(used) = used {
+            f.device_used_peak = Some(f.device_used_peak.unwrap_or(0).max(used));
+        }
+        if phase == Phase::AfterStep {
+            f.reserved_after_step = reading.reserved;
+        }
+    }
+
+    fn report(&self) -> MemoryReport {
+        let f = self.shared.figures();
+        let exact = self.shared.meter.exact_peak().is_some();
+        MemoryReport {
+            memory_probe: self.shared.meter.name().into(),
+            peak_bytes: Some(f.peak),
+            peak_method: Some(match exact {
+                true => "exact (counting allocator)".into(),
+                false => format!(
+                    "largest of {} samples at layer boundaries (forward and backward)",
+                    f.samples
+                ),
+            }),
+            reserved_peak_bytes: f.reserved_peak,
+            reserved_after_step_bytes: f.reserved_after_step,
+            device_used_peak_bytes: f.device_used_peak,
+            live_after_forward_bytes: Some(f.phases.forward),
+            live_after_backward_bytes: Some(f.phases.backward),
+            live_after_step_bytes: Some(f.phases.step),
+        }
+    }
+
+    fn timeline(&self) -> Option<Timeline> {
+        Some(self.shared.figures().timeline.clone())
+    }
+}

@@ -1,0 +1,288 @@
+//! The GPU path on a software Vulkan device: burn-wgpu through CubeCL on Mesa's llvmpipe, with
+//! a real CubeCL memory pool (in use vs reserved). `.ci/run` installs `mesa-vulkan-drivers`;
+//! without a Vulkan driver these tests fail and say so. llvmpipe runs at a CPU's speed and its
+//! first steps compile kernels: steps and shapes stay small, and autotune is minimal. The tests
+//! assume llvmpipe is the only adapter, as on CI (a machine with a GPU picks it under `auto`).
+
+use std::path::Path;
+
+use super::common::{arg, run_env, stderr, summary, table_value, temp};
+
+/// Minimal autotune: fewer kernels to time on a CPU-speed device (the docs say what it costs).
+const ENV: [(&str, &str); 1] = [("CUBECL_AUTOTUNE_LEVEL", "minimal")];
+
+/// Trains `config` on wgpu with `extra` flags in a fresh folder; returns its summary and folder.
+fn wgpu(name: &str, config: &str, extra: &[&str]) -> (serde_json::Value, std::path::PathBuf) {
+    let dir = temp(name);
+    let (out_dir, json) = (
+        format!("train.output_dir={}", arg(&dir)),
+        dir.join("s.json"),
+    );
+    let json_arg = arg(&json);
+    let mut args = vec!["--config", config, "--backend", "wgpu", "--set", &out_dir];
+    args.extend(["--summary-json", &json_arg, "--set", "data.eval_size=32"]);
+    args.extend(extra);
+    let out = run_env(&args, &ENV);
+    assert!(
+        out.status.success(),
+        "trainer {args:?} on wgpu failed ({}); a Vulkan driver is needed (apt-get install \
+         mesa-vulkan-drivers):\n{}",
+        out.status,
+        stderr(&out)
+    );
+    (summary(&json), dir)
+}
+
+fn bytes(s: &serde_json::Value, key: &str) -> f64 {
+    s[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing: {s}"))
+}
+
+/// Rows of memory_timeline.csv: (phase, layer, in_use_bytes, reserved_bytes).
+fn timeline(dir: &Path) -> Vec<(String, String, u64, u64)> {
+    let text = std::fs::read_to_string(dir.join("memory_timeline.csv")).unwrap();
+    assert!(dir.join("memory_timeline.svg").exists());
+    text.lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            let n = |i: usize| f[i].parse::<u64>().unwrap();
+            (f[1].into(), f[2].into(), n(4), n(5))
+        })
+        .collect()
+}
+
+/// The measured device peak lies within 25% of `trainer estimate`'s device prediction.
+fn within_estimate(s: &serde_json::Value) {
+    let error = s["prediction_error"].as_f64().unwrap();
+    assert!(error.abs() < 0.25, "measured vs predicted {error:+.3}: {s}");
+}
+
+/// Step losses from steps.csv (skipped steps included).
+fn losses(dir: &Path) -> Vec<f64> {
+    let text = std::fs::read_to_string(dir.join("steps.csv")).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let col = header.iter().position(|h| *h == "loss").unwrap();
+    text.lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(col).unwrap().parse().unwrap())
+        .collect()
+}
+
+const SIMPLE: [&str; 6] = [
+    "--max-steps",
+    "12",
+    "--set",
+    "train.batch_size=16",
+    "--set",
+    "data.train_size=192",
+];
+
+/// SimpleModel learns in f32 and in f16-mixed on a real CubeCL pool; f16 activations lower
+/// the device peak; the summary names the adapter and how the peak was measured; the timeline
+/// holds both passes and its highest sample is the reported peak.
+#[test]
+fn simple_model_learns_on_wgpu_in_f32_and_f16_mixed() {
+    let (f32s, f32_dir) = wgpu("wgpu-f32", "configs/f32.toml", &SIMPLE);
+    let (amp, amp_dir) = wgpu("wgpu-amp", "configs/amp.toml", &SIMPLE);
+    for (s, dir) in [(&f32s, &f32_dir), (&amp, &amp_dir)] {
+        let backend = s["backend"].as_str().unwrap();
+        assert!(
+            backend.starts_with("wgpu: ") && backend.ends_with(", Vulkan"),
+            "{s}"
+        );
+        assert_eq!(s["memory_probe"], "wgpu");
+        assert_eq!(s["steps"], 12);
+        let method = s["peak_method"].as_str().unwrap();
+        assert!(method.contains("samples at layer boundaries"), "{method}");
+        let (peak, reserved) = (bytes(s, "peak_bytes"), bytes(s, "reserved_peak_bytes"));
+        assert!(peak > 0.0 && reserved >= peak, "{s}");
+        assert!(s["reserved_after_step_bytes"].as_u64().is_some(), "{s}");
+        let losses = losses(dir);
+        let (first, last) = (
+            losses[0],
+            losses[losses.len() - 3..].iter().sum::<f64>() / 3.0,
+        );
+        assert!(last < 0.7 * first, "loss {first} → {last}: {losses:?}");
+        let rows = timeline(dir);
+        for layer in ["conv", "relu", "pool", "fc"] {
+            for phase in ["forward", "backward"] {
+                assert!(
+                    rows.iter().any(|r| r.0 == phase && r.1 == layer),
+                    "no {phase} sample at {layer}"
+                );
+            }
+        }
+        let highest = rows.iter().map(|r| r.2).max().unwrap();
+        assert_eq!(highest as f64, peak, "the timeline is the peak window");
+        within_estimate(s);
+    }
+    assert_eq!(amp["precision"], "f16-mixed");
+    let ratio = bytes(&amp, "peak_bytes") / bytes(&f32s, "peak_bytes");
+    assert!(ratio < 0.9, "f16-mixed / f32 device peak = {ratio}");
+}
+
+const MOBILENET: [&str; 8] = [
+    "--max-steps",
+    "2",
+    "--set",
+    "train.batch_size=16",
+    "--set",
+    "data.train_size=64",
+    "--set",
+    "model.width_multiplier=0.25",
+];
+
+/// MobileNet in f16-mixed with batch norm in f32 (the project's BN op on CubeCL) trains.
+#[test]
+fn mobilenet_f16_mixed_with_batch_norm_in_f32_trains_on_wgpu() {
+    let (s, dir) = wgpu(
+        "wgpu-mobilenet-amp",
+        "configs/mobilenet-amp.toml",
+        &MOBILENET,
+    );
+    assert_eq!(s["precision"], "f16-mixed");
+    assert_eq!(s["batch_norm"], "f32");
+    assert!(s["final_train_loss"].as_f64().unwrap().is_finite(), "{s}");
+    let rows = timeline(&dir);
+    assert!(rows.iter().any(|r| r.1 == "block13" && r.0 == "backward"));
+    within_estimate(&s);
+}
+
+/// Activation checkpointing lowers the device peak, and both peaks match the estimate.
+#[test]
+fn checkpointing_lowers_the_device_peak_on_wgpu() {
+    let (plain, _) = wgpu("wgpu-mobilenet", "configs/mobilenet.toml", &MOBILENET);
+    let (ckpt, _) = wgpu(
+        "wgpu-mobilenet-ckpt",
+        "configs/mobilenet-checkpointing.toml",
+        &MOBILENET,
+    );
+    assert_eq!(ckpt["checkpointing"], "balanced");
+    let ratio = bytes(&ckpt, "peak_bytes") / bytes(&plain, "peak_bytes");
+    assert!(ratio < 0.95, "checkpointing / plain device peak = {ratio}");
+    within_estimate(&plain);
+    within_estimate(&ckpt);
+}
+
+/// `free_cache = "step"` hands cached blocks back after every step: reserved-after-step falls
+/// below `never`'s while the peak in use stays within 5% (the `empty_cache` lesson).
+#[test]
+fn free_cache_lowers_reserved_memory_not_the_peak_on_wgpu() {
+    let steps = ["--max-steps", "3", "--set", "train.batch_size=32"];
+    let (never, _) = wgpu("wgpu-cache-never", "configs/amp.toml", &steps);
+    let with = [&steps[..], &["--set", "memory.free_cache=step"]].concat();
+    let (step, _) = wgpu("wgpu-cache-step", "configs/amp.toml", &with);
+    let after = |s: &serde_json::Value| bytes(s, "reserved_after_step_bytes");
+    assert!(
+        after(&step) < after(&never),
+        "reserved after step: step {} vs never {}",
+        after(&step),
+        after(&never)
+    );
+    let ratio = bytes(&step, "peak_bytes") / bytes(&never, "peak_bytes");
+    assert!(
+        (0.95..1.05).contains(&ratio),
+        "peak in use step / never = {ratio}"
+    );
+}
+
+/// Two epochs straight, or one and a resume: the same numbers, bit for bit, on wgpu.
+#[test]
+fn a_resume_on_wgpu_continues_bit_identically() {
+    let base = [
+        "--set",
+        "data.train_size=64",
+        "--set",
+        "train.batch_size=32",
+    ];
+    let two = [&base[..], &["--set", "train.epochs=2"]].concat();
+    let (straight, _) = wgpu("wgpu-resume-straight", "configs/f32.toml", &two);
+    let one = [&base[..], &["--set", "train.epochs=1"]].concat();
+    let (_, dir) = wgpu("wgpu-resume-split", "configs/f32.toml", &one);
+    let checkpoint = arg(&dir.join("checkpoint"));
+    let resumed = [&two[..], &["--resume", &checkpoint]].concat();
+    let (resumed, _) = wgpu("wgpu-resume-split-2", "configs/f32.toml", &resumed);
+    assert_eq!(resumed["steps"], 4);
+    assert_eq!(resumed["eval_loss"], straight["eval_loss"]);
+    assert_eq!(resumed["final_train_loss"], straight["final_train_loss"]);
+}
+
+/// No Vulkan driver: one line naming what is missing and the package, exit 2, nothing written.
+#[test]
+fn wgpu_without_a_vulkan_driver_is_one_line_and_exit_2() {
+    let dir = temp("wgpu-no-driver");
+    let out_dir = format!("train.output_dir={}", arg(&dir.join("run")));
+    let args = ["--backend", "wgpu", "--max-steps", "1", "--set", &out_dir];
+    let out = run_env(&args, &[("VK_ICD_FILENAMES", "/nonexistent.json")]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out),
+        "error: backend.kind = \"wgpu\": the Vulkan loader found no adapter: install a Vulkan \
+         driver: mesa-vulkan-drivers (llvmpipe, runs on any CPU) or your GPU vendor's (use \
+         --backend cpu or auto)\n"
+    );
+    assert!(!dir.join("run").exists(), "a run folder was made");
+}
+
+/// A half type the adapter cannot do is refused before anything is written.
+#[test]
+fn bf16_on_an_adapter_without_it_is_refused_before_training() {
+    let dir = temp("wgpu-bf16");
+    let out_dir = format!("train.output_dir={}", arg(&dir.join("run")));
+    let args = [
+        "--config",
+        "configs/bf16.toml",
+        "--backend",
+        "wgpu",
+        "--set",
+        &out_dir,
+    ];
+    let out = run_env(&args, &ENV);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("config error: precision.mode = \"bf16-mixed\": the wgpu: ")
+            && err.contains("backend does not support bf16 arithmetic on this device"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!dir.join("run").exists(), "a run folder was made");
+}
+
+/// `auto` lists the adapters but never takes a CPU one: with only llvmpipe it lands on Flex.
+#[test]
+fn auto_skips_a_cpu_adapter_and_trains_on_flex() {
+    let dir = temp("wgpu-auto");
+    let out_dir = format!("train.output_dir={}", arg(&dir));
+    let args = [
+        "--backend",
+        "auto",
+        "--max-steps",
+        "1",
+        "--set",
+        "data.train_size=8",
+    ];
+    let sets = [
+        "--set",
+        "data.eval_size=4",
+        "--set",
+        "train.batch_size=4",
+        "--set",
+        &out_dir,
+    ];
+    let out = run_env(&[&args[..], &sets[..]].concat(), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    let first = err.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(
+            "backend auto: no CUDA device (disabled by OOMLAB_NO_CUDA), no wgpu GPU (only CPU \
+             adapters (llvmpipe"
+        ) && first.ends_with("which auto skips; --backend wgpu takes them); using the CPU (Flex)"),
+        "{first}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(table_value(&stdout, "backend").as_deref(), Some("cpu"));
+}
