@@ -103,6 +103,6 @@ fn scales_paths_and_overrides_that_once_slipped_through() {
     // An override does not hide a bad value in the file.
     assert_eq!(
         error("[backend]\nkind = \"tpu\"\n", &["backend.kind=cpu"]),
-        "backend.kind: unknown variant `tpu`, expected one of `auto`, `cuda`, `cpu`"
+        "backend.kind: unknown variant `tpu`, expected one of `auto`, `cuda`, `wgpu`, `cpu`"
     );
 }

@@ -82,7 +82,7 @@ fn wrong_types_name_the_key() {
     );
     assert_eq!(
         error("[backend]\nkind = \"tpu\"\n", &[]),
-        "backend.kind: unknown variant `tpu`, expected one of `auto`, `cuda`, `cpu`"
+        "backend.kind: unknown variant `tpu`, expected one of `auto`, `cuda`, `wgpu`, `cpu`"
     );
 }
 
