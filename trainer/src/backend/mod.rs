@@ -9,9 +9,10 @@ use burn::backend::cuda::CudaDevice;
 use burn::backend::wgpu::WgpuDevice;
 use burn::backend::{Autodiff, Cuda, Flex, Wgpu};
 use burn::tensor::backend::Backend;
-use burn::tensor::DType;
+use burn::tensor::{DType, ElementConversion, Tensor};
 
 use crate::config::BackendKind;
+use crate::panics::{self, Captured};
 
 mod cuda;
 mod wgpu;
@@ -38,8 +39,6 @@ pub struct Adapter {
     pub name: String,
     /// The graphics API: `Vulkan` or `Metal`.
     pub api: String,
-    /// Whether it is a CPU (llvmpipe): GPU memory semantics at a CPU's speed.
-    pub is_cpu: bool,
 }
 
 /// The backend a run uses.
@@ -140,6 +139,28 @@ pub fn select(kind: BackendKind, index: usize) -> Result<Selected, NoDevice> {
                 }
                 Err(e) => Err(e),
             }
+        }
+    }
+}
+
+/// Sums four ones on `device`: the driver must load, compile and run a kernel. CubeCL panics
+/// when it cannot (often in its server thread, so this thread only sees a closed channel): the
+/// reason is the first line of the first panic message of any thread, and nothing is printed.
+fn test_kernel<B: Backend>(device: &B::Device) -> Result<(), String> {
+    let Captured { result, first } = panics::capture(
+        |_| true,
+        false,
+        || Tensor::<B, 1>::ones([4], device).sum().into_scalar(),
+    );
+    match result {
+        Ok(sum) if sum.elem::<f64>() == 4.0 => Ok(()),
+        Ok(sum) => Err(format!("test kernel returned {sum}, expected 4")),
+        Err(payload) => {
+            let reason = first
+                .or_else(|| Some(panics::message(payload.as_ref())))
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| "initialisation panicked".into());
+            Err(reason.lines().next().unwrap_or_default().to_string())
         }
     }
 }

@@ -5,11 +5,9 @@
 
 use burn::backend::wgpu::WgpuDevice;
 use burn::backend::Wgpu;
-use burn::tensor::Tensor;
 use wgpu::{Backends, DeviceType};
 
-use super::{Adapter, NoDevice};
-use crate::panics::{self, Captured};
+use super::{test_kernel, Adapter, NoDevice};
 
 #[cfg(not(target_os = "macos"))]
 const API: (Backends, &str) = (Backends::VULKAN, "Vulkan");
@@ -66,9 +64,9 @@ pub(super) fn pick(allow_cpu: bool) -> Result<Adapter, NoDevice> {
         device,
         name: info.name.clone(),
         api: API.1.into(),
-        is_cpu: info.device_type == DeviceType::Cpu,
     };
-    test_kernel(&adapter)?;
+    test_kernel::<Wgpu>(&adapter.device)
+        .map_err(|why| NoDevice::Wgpu(format!("adapter {}: {why}", adapter.name)))?;
     Ok(adapter)
 }
 
@@ -106,23 +104,4 @@ fn loader() -> Result<(), NoDevice> {
 #[cfg(not(target_os = "linux"))]
 fn loader() -> Result<(), NoDevice> {
     Ok(())
-}
-
-/// Sums four ones on the adapter: the driver must compile and run a kernel.
-fn test_kernel(adapter: &Adapter) -> Result<(), NoDevice> {
-    let device = adapter.device.clone();
-    let Captured { result, first } = panics::capture(
-        |_| true,
-        false,
-        || Tensor::<Wgpu, 1>::ones([4], &device).sum().into_scalar(),
-    );
-    let fail = |why: String| NoDevice::Wgpu(format!("adapter {}: {why}", adapter.name));
-    match result {
-        Ok(4.0) => Ok(()),
-        Ok(sum) => Err(fail(format!("test kernel returned {sum}, expected 4"))),
-        Err(payload) => {
-            let reason = first.unwrap_or_else(|| panics::message(payload.as_ref()));
-            Err(fail(reason.lines().next().unwrap_or_default().to_string()))
-        }
-    }
 }

@@ -116,12 +116,13 @@ impl<M: Meter> MemoryProbe for Probe<M> {
             Phase::AfterBackward => Event::Gradients,
             Phase::AfterStep => Event::Step,
         };
-        let Some(reading) = self.shared.sample(event) else {
+        let meter = &self.shared.meter;
+        let Some(reading) = meter.read() else {
             return;
         };
-        let meter = &self.shared.meter;
         let (exact, used) = (meter.exact_peak(), meter.device_used());
         let mut f = self.shared.figures();
+        f.record(event, reading);
         f.phases.record(phase, reading.in_use);
         if let Some(exact) = exact {
             f.peak = f.peak.max(exact);
@@ -136,6 +137,10 @@ impl<M: Meter> MemoryProbe for Probe<M> {
 
     fn report(&self) -> MemoryReport {
         let f = self.shared.figures();
+        if f.samples == 0 {
+            // Nothing was read: no allocator installed, or no device answer.
+            return super::NullProbe.report();
+        }
         let exact = self.shared.meter.exact_peak().is_some();
         MemoryReport {
             memory_probe: self.shared.meter.name().into(),

@@ -6,6 +6,8 @@
 
 use std::path::Path;
 
+use trainer::report::step_log::StepLog;
+
 use super::common::{arg, run_env, stderr, summary, table_value, temp};
 
 /// Minimal autotune: fewer kernels to time on a CPU-speed device (the docs say what it costs).
@@ -59,15 +61,10 @@ fn within_estimate(s: &serde_json::Value) {
     assert!(error.abs() < 0.25, "measured vs predicted {error:+.3}: {s}");
 }
 
-/// Step losses from steps.csv (skipped steps included).
+/// The losses of the steps taken, from steps.csv, read by the trainer's own parser.
 fn losses(dir: &Path) -> Vec<f64> {
-    let text = std::fs::read_to_string(dir.join("steps.csv")).unwrap();
-    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
-    let col = header.iter().position(|h| *h == "loss").unwrap();
-    text.lines()
-        .skip(1)
-        .map(|l| l.split(',').nth(col).unwrap().parse().unwrap())
-        .collect()
+    let csv = std::fs::read_to_string(dir.join("steps.csv")).unwrap();
+    StepLog::parse(&csv).step_losses().collect()
 }
 
 /// 20 steps of 32 at lr 3e-4: the loss falls by half on the CPU with the same numbers.
