@@ -5,9 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# A driver manifest in either folder (one of them may not exist), and the loader.
 has_vulkan() {
-    ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json >/dev/null 2>&1 &&
-        ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'
+    { compgen -G '/usr/share/vulkan/icd.d/*.json' || compgen -G '/etc/vulkan/icd.d/*.json'; } \
+        >/dev/null && ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'
 }
 
 if [[ "$(uname -s)" == Linux ]] && ! has_vulkan; then
