@@ -163,7 +163,7 @@ impl Summary {
             ("steps", self.steps.to_string()),
             ("epochs", self.epochs.to_string()),
             ("images/s", format!("{:.0}", self.images_per_sec)),
-            ("warm-up", self.warmup.describe()),
+            ("warm-up", self.warmup.describe(self.backend != "cpu")),
             ("final train loss", format!("{:.4}", self.final_train_loss)),
             ("eval loss", format!("{:.4}", self.eval_loss)),
             (
@@ -229,8 +229,9 @@ impl Summary {
 }
 
 impl Warmup {
-    /// `first 1 step: 12.3 s (excluded from images/s)`.
-    fn describe(&self) -> String {
+    /// `first 1 step: 12.3 s (kernel compilation, …; excluded from images/s)`. Only CubeCL
+    /// (`cubecl`) compiles and autotunes kernels; the CPU only grows its heap.
+    fn describe(&self, cubecl: bool) -> String {
         let steps = match self.steps {
             1 => "1 step".to_string(),
             n => format!("{n} steps"),
@@ -239,10 +240,11 @@ impl Warmup {
             true => "excluded from images/s",
             false => "images/s includes it: no step followed",
         };
-        format!(
-            "first {steps}: {:.1} s (kernel compilation, autotune, pools growing; {how})",
-            self.seconds
-        )
+        let what = match cubecl {
+            true => "kernel compilation, autotune, pools growing",
+            false => "first allocations",
+        };
+        format!("first {steps}: {:.1} s ({what}; {how})", self.seconds)
     }
 }
 
