@@ -84,6 +84,9 @@ fn missing_cifar_files_exit_2_naming_the_file() {
             "data.source=cifar10",
             "--set",
             &format!("data.path={}", arg(&dir)),
+            // Its own folder: a runs/amp left by the README's main command adds a note.
+            "--set",
+            &format!("train.output_dir={}", arg(&dir.join("run"))),
         ],
         2,
         &format!(
