@@ -2,7 +2,8 @@
 # What a lent GPU must confirm, in one run of under 8 minutes, from a release binary and the
 # configs (no Rust toolchain, no registry):
 #   1. the device (nvidia-smi where present) and the adapter the trainer picks;
-#   2. `compare` over every shipped config: peak in use, reserved, images/s, loss;
+#   2. `compare` over every shipped config: peak in use, reserved, images/s, loss; bf16 on its
+#      own, since an adapter without it must refuse it (exit 2, one line) before training;
 #   3. free_cache: reserved-after-step with `never` vs `step`, peak in use unchanged;
 #   4. an out-of-memory: a run sized past the device, exit 3 with the ranked fixes, and the
 #      checkpoint an earlier run left in the same folder still intact (it resumes);
@@ -27,16 +28,25 @@ mkdir -p "$out"
 report="$out/gpu-check.md"
 : >"$report"
 
+configs=(configs/*.toml)
 if [[ "$small" == --small ]]; then
-    steps=3
+    # Two steps: the first is warm-up (kernel compilation), the second is measured.
+    steps=2
+    # llvmpipe compiles kernels at a CPU's speed: a fresh process costs 10–90 s per model.
+    compare_limit=600
+    # llvmpipe has no bf16: compare the rest; the bf16 step below checks the refusal.
+    configs=()
+    for c in configs/*.toml; do [[ "$c" == configs/bf16.toml ]] || configs+=("$c"); done
     sets=(--set data.train_size=128 --set data.eval_size=32 --set train.batch_size=32)
     # Past llvmpipe's memory would be past this machine's: the rehearsal's "device" is a budget,
     # checked against the estimate before training.
     oom=(--set train.batch_size=512 --set memory.budget=64MiB)
-    find=(--budget 256MiB --max-batch 1024)
+    # Answer near 76 on amp.toml: 12 trials, each a fresh process.
+    find=(--budget 32MiB --max-batch 256)
     export CUBECL_AUTOTUNE_LEVEL=${CUBECL_AUTOTUNE_LEVEL:-minimal}
 else
     steps=20
+    compare_limit=420
     sets=(--set data.train_size=4096 --set data.eval_size=512)
     # MobileNet α=1 at 1024² in f32, batch 512: several times any GPU's memory. The estimate
     # would stop it before training; --skip-memory-check makes the allocation really fail.
@@ -73,9 +83,17 @@ block "$out/device.rows"
 
 say
 say "## 2. compare over the shipped configs"
-step compare 420 "$trainer" compare configs/*.toml --backend "$backend" --steps "$steps" \
-    "${sets[@]}" --out "$out/compare"
+step compare "$compare_limit" "$trainer" compare "${configs[@]}" --backend "$backend" \
+    --steps "$steps" "${sets[@]}" --out "$out/compare"
 [[ -f "$out/compare/report.md" ]] && block "$out/compare/report.md"
+say
+say "bf16 on its own: exit 0 where the adapter has bf16; else exit 2, one line, nothing written."
+step bf16 300 "$trainer" --config configs/bf16.toml --backend "$backend" --max-steps "$steps" \
+    "${sets[@]}" --set train.output_dir="$out/bf16" --overwrite
+grep -E '^  (backend|peak in use|predicted peak) ' "$out/bf16.out" >"$out/bf16.rows"
+cat "$out/bf16.err" >>"$out/bf16.rows"
+[[ -e "$out/bf16" ]] || echo "(no run folder written)" >>"$out/bf16.rows"
+block "$out/bf16.rows"
 
 say
 say "## 3. free_cache: reserved after step"
@@ -114,7 +132,7 @@ say
 say "## 5. find-batch-size"
 step find 420 "$trainer" find-batch-size --config configs/amp.toml --backend "$backend" \
     "${find[@]}" --set train.output_dir="$out/find"
-block "$out/find.out"
+block "$out/find.out" "$out/find.err"
 
 say
 say "## 6. Estimate against measured"
