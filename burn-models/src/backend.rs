@@ -1,17 +1,20 @@
-//! The backends the models run on: any Burn backend that can run oomlab's own autodiff ops,
-//! [batch norm](crate::batch_norm) and [layer boundaries](crate::boundary).
+//! The backends the models run on: any Burn backend that can run oomlab's own autodiff ops:
+//! [batch norm](crate::batch_norm), the fused blocks ([conv → BN → ReLU](crate::conv_bn_relu),
+//! [conv → ReLU → max-pool](crate::conv_relu_pool)) and [layer boundaries](crate::boundary).
 //!
-//! Plain backends (Flex, CUDA, wgpu) get the composed defaults; [`Autodiff`] overrides both
+//! Plain backends (Flex, CUDA, wgpu) get the composed defaults; [`Autodiff`] overrides them
 //! with single graph ops whose backward is written out.
 
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::Autodiff;
 use burn::tensor::backend::Backend;
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::ops::{ConvOptions, FloatTensor};
 use burn::tensor::DType;
 
 use crate::batch_norm::{self, BatchNormOutput};
 use crate::boundary::{self, Boundary};
+use crate::conv_bn_relu;
+use crate::conv_relu_pool;
 
 /// A backend for [`SimpleModel`](crate::SimpleModel) and [`MobileNet`](crate::MobileNet).
 pub trait ModelBackend: Backend {
@@ -25,6 +28,32 @@ pub trait ModelBackend: Backend {
         epsilon: f64,
     ) -> BatchNormOutput<Self> {
         batch_norm::batch_norm_plain::<Self>(x, gamma, beta, work, epsilon)
+    }
+
+    /// Training-mode conv (no bias) → batch norm → ReLU: the ReLU output and the batch
+    /// statistics. The conv computes in the dtype of `x` and `weight`, batch norm in `work`.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_bn_relu_train(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        work: DType,
+        epsilon: f64,
+    ) -> BatchNormOutput<Self> {
+        conv_bn_relu::conv_bn_relu_plain::<Self>(x, weight, gamma, beta, options, work, epsilon)
+    }
+
+    /// Conv with bias → ReLU → `k`×`k` max-pool (stride `k`), in the dtype of the inputs.
+    fn conv_relu_pool(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        k: usize,
+    ) -> FloatTensor<Self> {
+        conv_relu_pool::conv_relu_pool_plain::<Self>(x, weight, bias, options, k)
     }
 
     /// `x` unchanged. Under autodiff, the [boundary listener](crate::boundary::listen) hears
@@ -48,6 +77,28 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
         epsilon: f64,
     ) -> BatchNormOutput<Self> {
         batch_norm::batch_norm_autodiff::<B, C>(x, gamma, beta, work, epsilon)
+    }
+
+    fn conv_bn_relu_train(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        work: DType,
+        epsilon: f64,
+    ) -> BatchNormOutput<Self> {
+        conv_bn_relu::conv_bn_relu_autodiff::<B, C>(x, weight, gamma, beta, options, work, epsilon)
+    }
+
+    fn conv_relu_pool(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        k: usize,
+    ) -> FloatTensor<Self> {
+        conv_relu_pool::conv_relu_pool_autodiff::<B, C>(x, weight, bias, options, k)
     }
 
     fn boundary(x: FloatTensor<Self>, at: Boundary) -> FloatTensor<Self> {

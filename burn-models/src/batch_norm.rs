@@ -52,11 +52,11 @@ pub(crate) fn batch_norm_plain<B: Backend>(
 }
 
 /// Everything the forward pass computes; the autodiff op keeps `mean` and `rstd`.
-struct Forward<B: Backend> {
-    output: FloatTensor<B>,
-    mean: FloatTensor<B>,
-    var: FloatTensor<B>,
-    rstd: FloatTensor<B>,
+pub(crate) struct Forward<B: Backend> {
+    pub(crate) output: FloatTensor<B>,
+    pub(crate) mean: FloatTensor<B>,
+    pub(crate) var: FloatTensor<B>,
+    pub(crate) rstd: FloatTensor<B>,
 }
 
 fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
@@ -94,7 +94,7 @@ fn flat<B: Backend>(v: Tensor<B, 4>) -> FloatTensor<B> {
     prim(v.reshape([c]))
 }
 
-fn forward<B: Backend>(
+pub(crate) fn forward<B: Backend>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     beta: FloatTensor<B>,
@@ -109,8 +109,7 @@ fn forward<B: Backend>(
     let centered = xw - rows(mean.clone(), n);
     let var = channel_mean(centered.clone().square());
     let rstd = var.clone().add_scalar(epsilon).sqrt().recip();
-    let scale = rows(rstd.clone(), n) * per_channel(gamma, work, n);
-    let y = centered * scale + per_channel(beta, work, n);
+    let y = scale_shift(centered, rows(rstd.clone(), n), gamma, beta, work);
     Forward {
         output: prim(cast(y, dtype)),
         mean: flat(mean),
@@ -119,8 +118,37 @@ fn forward<B: Backend>(
     }
 }
 
+/// `centered · (r·γ) + β`, the last step of the forward pass. One function, so a fused op
+/// that recomputes the output in backward (to rebuild a ReLU's mask) gets the very same bits.
+fn scale_shift<B: Backend>(
+    centered: Tensor<B, 4>,
+    rstd_rows: Tensor<B, 4>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    work: DType,
+) -> Tensor<B, 4> {
+    let n = centered.dims()[0];
+    let scale = rstd_rows * per_channel(gamma, work, n);
+    centered * scale + per_channel(beta, work, n)
+}
+
+/// The forward output again, in `x`'s dtype, from the saved input and statistics: what
+/// [`forward`] returned, bit for bit.
+pub(crate) fn recompute<B: Backend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    stats: &SavedStats<B>,
+) -> FloatTensor<B> {
+    let x: Tensor<B, 4> = float(x);
+    let (dtype, n, work) = (x.dtype(), x.dims()[0], stats.work);
+    let centered = cast(x, work) - per_channel(stats.mean.clone(), work, n);
+    let rstd = per_channel(stats.rstd.clone(), work, n);
+    prim(cast(scale_shift(centered, rstd, gamma, beta, work), dtype))
+}
+
 /// Gradients of x, γ and β from the saved input and statistics.
-fn backward<B: Backend>(
+pub(crate) fn backward<B: Backend>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     state: &SavedStats<B>,
@@ -148,10 +176,10 @@ fn backward<B: Backend>(
 
 /// Per-channel statistics the backward pass needs, in the working dtype.
 #[derive(Clone, Debug)]
-struct SavedStats<B: Backend> {
-    mean: FloatTensor<B>,
-    rstd: FloatTensor<B>,
-    work: DType,
+pub(crate) struct SavedStats<B: Backend> {
+    pub(crate) mean: FloatTensor<B>,
+    pub(crate) rstd: FloatTensor<B>,
+    pub(crate) work: DType,
 }
 
 #[derive(Debug)]

@@ -10,10 +10,10 @@ use burn::nn::conv::Conv2d;
 use burn::nn::{BatchNorm, Linear, PaddingConfig2d};
 use burn::tensor::module;
 use burn::tensor::ops::ConvOptions;
-use burn::tensor::{activation, backend::Backend, Tensor, TensorPrimitive};
+use burn::tensor::{activation, backend::Backend, Tensor, TensorMetadata, TensorPrimitive};
 
 use crate::backend::ModelBackend;
-
+use crate::batch_norm::BatchNormOutput;
 use crate::precision::{cast, Precision};
 
 /// A 2D convolution computed in the policy's compute dtype.
@@ -21,6 +21,16 @@ use crate::precision::{cast, Precision};
 /// # Shapes
 /// `[batch, c_in, h, w]` → `[batch, c_out, h_out, w_out]`
 pub fn conv2d<B: Backend>(p: &Precision, layer: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    module::conv2d(
+        p.compute(x),
+        p.compute(layer.weight.val()),
+        layer.bias.as_ref().map(|b| p.compute(b.val())),
+        conv_options(layer),
+    )
+}
+
+/// The functional options of a conv module.
+fn conv_options<B: Backend>(layer: &Conv2d<B>) -> ConvOptions<2> {
     let padding = match layer.padding {
         PaddingConfig2d::Explicit(top, left, bottom, right) if top == bottom && left == right => {
             [top, left]
@@ -29,13 +39,48 @@ pub fn conv2d<B: Backend>(p: &Precision, layer: &Conv2d<B>, x: Tensor<B, 4>) -> 
         // Our models only build symmetric explicit padding.
         ref other => unreachable!("unsupported conv padding {other:?}"),
     };
-    let options = ConvOptions::new(layer.stride, padding, layer.dilation, layer.groups);
-    module::conv2d(
-        p.compute(x),
-        p.compute(layer.weight.val()),
-        layer.bias.as_ref().map(|b| p.compute(b.val())),
-        options,
-    )
+    ConvOptions::new(layer.stride, padding, layer.dilation, layer.groups)
+}
+
+/// Conv → ReLU → `k`×`k` max-pool as one op ([`conv_relu_pool`](crate::conv_relu_pool)):
+/// autodiff keeps the input, the pooled output and one byte per output instead of two
+/// full-resolution tensors and the argmax. Computed in the policy's compute dtype; a conv
+/// without bias, or an output not divisible into windows, takes the composed ops.
+///
+/// # Shapes
+/// `[batch, c_in, h, w]` → `[batch, c_out, h_out / k, w_out / k]`
+pub fn conv_relu_pool<B: ModelBackend>(
+    p: &Precision,
+    layer: &Conv2d<B>,
+    x: Tensor<B, 4>,
+    k: usize,
+) -> Tensor<B, 4> {
+    let options = conv_options(layer);
+    let [_, _, h, w] = x.dims();
+    // The conv's output side along axis `i`, if the kernel fits at all.
+    let side = |size: usize, i: usize| {
+        let span = options.dilation[i] * (layer.kernel_size[i] - 1) + 1;
+        (size + 2 * options.padding[i])
+            .checked_sub(span)
+            .map(|s| s / options.stride[i] + 1)
+    };
+    // Whole windows only, and k² positions that fit in the byte that records the winner.
+    let windows = matches!((side(h, 0), side(w, 1)),
+        (Some(a), Some(b)) if (1..=16).contains(&k) && a % k == 0 && b % k == 0);
+    match (&layer.bias, windows) {
+        (Some(bias), true) => {
+            let prim = |t: Tensor<B, 4>| t.into_primitive().tensor();
+            let out = B::conv_relu_pool(
+                prim(p.compute(x)),
+                prim(p.compute(layer.weight.val())),
+                p.compute(bias.val()).into_primitive().tensor(),
+                options,
+                k,
+            );
+            Tensor::from_primitive(TensorPrimitive::Float(out))
+        }
+        _ => max_pool2d(relu(conv2d(p, layer, x)), k),
+    }
 }
 
 /// A linear layer computed in the policy's compute dtype.
@@ -77,7 +122,6 @@ pub fn batch_norm<B: ModelBackend>(
         return cast(y, dtype);
     }
     let [n, _, h, w] = x.dims();
-    let count = (n * h * w) as f64;
     let out = B::batch_norm_train(
         x.into_primitive().tensor(),
         layer.gamma.val().into_primitive().tensor(),
@@ -85,6 +129,46 @@ pub fn batch_norm<B: ModelBackend>(
         work,
         layer.epsilon,
     );
+    update_running(layer, out, n * h * w)
+}
+
+/// Conv (no bias) → batch norm → ReLU. Under autodiff, one op
+/// ([`conv_bn_relu`](crate::conv_bn_relu)) that keeps the conv input, the batch-norm input
+/// and per-channel statistics instead of three tensors; running averages as in
+/// [`batch_norm`]. Without autodiff, or for a conv with a bias, the composed layers.
+pub fn conv_bn_relu<B: ModelBackend>(
+    p: &Precision,
+    conv: &Conv2d<B>,
+    bn: &BatchNorm<B>,
+    x: Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    if !B::ad_enabled(&x.device()) || conv.bias.is_some() {
+        return relu(batch_norm(p, bn, conv2d(p, conv, x)));
+    }
+    let prim = |t: Tensor<B, 4>| t.into_primitive().tensor();
+    let out = B::conv_bn_relu_train(
+        prim(p.compute(x)),
+        prim(p.compute(conv.weight.val())),
+        bn.gamma.val().into_primitive().tensor(),
+        bn.beta.val().into_primitive().tensor(),
+        conv_options(conv),
+        p.batch_norm,
+        bn.epsilon,
+    );
+    let [n, _, h, w] = out.output.shape().dims();
+    update_running(bn, out, n * h * w)
+}
+
+/// Folds a training batch's statistics into `layer`'s running averages, as PyTorch's
+/// `BatchNorm2d` does: momentum, and the *unbiased* batch variance (× n/(n−1), n = batch ×
+/// height × width, the `count`), while the batch itself was normalised with the biased one.
+/// Returns the output.
+fn update_running<B: Backend>(
+    layer: &BatchNorm<B>,
+    out: BatchNormOutput<B>,
+    count: usize,
+) -> Tensor<B, 4> {
+    let count = count as f64;
     let float = |t| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t));
     let m = layer.momentum;
     // One value per channel has no spread to correct (PyTorch refuses it in training).

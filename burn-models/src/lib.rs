@@ -7,6 +7,8 @@
 pub mod backend;
 pub mod batch_norm;
 pub mod boundary;
+pub mod conv_bn_relu;
+pub mod conv_relu_pool;
 pub mod layers;
 pub mod mobilenet;
 pub mod precision;

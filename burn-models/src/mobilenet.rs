@@ -6,7 +6,9 @@
 //! 13 × depthwise-separable block:  Conv dw 3×3 + BN + ReLU → Conv 1×1 + BN + ReLU
 //! global average pool → Linear (1024·α → classes)
 //! ```
-//! Convolutions carry no bias: the batch norm after each one has its own shift.
+//! Convolutions carry no bias: the batch norm after each one has its own shift. With `fuse`,
+//! each conv + BN + ReLU is one op ([`conv_bn_relu`](crate::conv_bn_relu)) that keeps two
+//! tensors for backward instead of three.
 
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
@@ -80,6 +82,10 @@ pub struct MobileNetConfig {
     /// Stride of the stem conv: 2 as in the paper, 1 keeps resolution for 32×32 inputs.
     #[config(default = 2)]
     pub stem_stride: usize,
+    /// Every conv → BN → ReLU as one op ([`conv_bn_relu`](crate::conv_bn_relu)); same
+    /// function, same gradients, less kept for backward.
+    #[config(default = false)]
+    pub fuse: bool,
 }
 
 impl MobileNetConfig {
@@ -118,13 +124,13 @@ impl MobileNetConfig {
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<MobileNet<B>, MobileNetError> {
         self.validate()?;
         let stem_out = self.channels(STEM_CHANNELS);
-        let stem = ConvBn::new(3, stem_out, 3, self.stem_stride, 1, device);
+        let stem = ConvBn::new(3, stem_out, 3, self.stem_stride, 1, device).fused(self.fuse);
         let mut c_in = stem_out;
         let blocks = BLOCKS
             .iter()
             .map(|&(base, stride)| {
                 let c_out = self.channels(base);
-                let block = DepthwiseSeparable::new(c_in, c_out, stride, device);
+                let block = DepthwiseSeparable::new(c_in, c_out, stride, device, self.fuse);
                 c_in = c_out;
                 block
             })
@@ -142,6 +148,7 @@ impl MobileNetConfig {
 pub struct ConvBn<B: Backend> {
     conv: Conv2d<B>,
     bn: BatchNorm<B>,
+    fuse: bool,
 }
 
 impl<B: Backend> ConvBn<B> {
@@ -162,7 +169,12 @@ impl<B: Backend> ConvBn<B> {
                 .with_bias(false)
                 .init(device),
             bn: BatchNormConfig::new(c_out).init(device),
+            fuse: false,
         }
+    }
+
+    fn fused(self, fuse: bool) -> Self {
+        Self { fuse, ..self }
     }
 
     /// Elements of the batch norm's running mean and variance: state, not parameters.
@@ -175,6 +187,9 @@ impl<B: ModelBackend> ConvBn<B> {
     /// # Shapes
     /// `[batch, c_in, h, w]` → `[batch, c_out, h / stride, w / stride]`
     pub fn forward(&self, x: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
+        if self.fuse {
+            return layers::conv_bn_relu(p, &self.conv, &self.bn, x);
+        }
         let x = layers::conv2d(p, &self.conv, x);
         let x = layers::batch_norm(p, &self.bn, x);
         layers::relu(x)
@@ -189,10 +204,10 @@ pub struct DepthwiseSeparable<B: Backend> {
 }
 
 impl<B: Backend> DepthwiseSeparable<B> {
-    fn new(c_in: usize, c_out: usize, stride: usize, device: &B::Device) -> Self {
+    fn new(c_in: usize, c_out: usize, stride: usize, device: &B::Device, fuse: bool) -> Self {
         Self {
-            depthwise: ConvBn::new(c_in, c_in, 3, stride, c_in, device),
-            pointwise: ConvBn::new(c_in, c_out, 1, 1, 1, device),
+            depthwise: ConvBn::new(c_in, c_in, 3, stride, c_in, device).fused(fuse),
+            pointwise: ConvBn::new(c_in, c_out, 1, 1, 1, device).fused(fuse),
         }
     }
 }

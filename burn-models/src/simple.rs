@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! [B,3,32,32] → Conv2d 3→64 k3 p1 → ReLU → MaxPool 2×2 → flatten → Linear 64·16·16 → 10
+//!               └──────── one op when fused (conv_relu_pool) ────────┘
 //! ```
 
 use burn::nn::conv::{Conv2d, Conv2dConfig};
@@ -19,6 +20,10 @@ pub struct SimpleModelConfig {
     /// Output classes.
     #[config(default = 10)]
     pub num_classes: usize,
+    /// Conv → ReLU → max-pool as one op that keeps no full-resolution tensor for backward
+    /// ([`conv_relu_pool`](crate::conv_relu_pool)); same function, same gradients.
+    #[config(default = false)]
+    pub fuse: bool,
 }
 
 /// Conv → ReLU → MaxPool → Linear, on 32×32 RGB input.
@@ -26,6 +31,7 @@ pub struct SimpleModelConfig {
 pub struct SimpleModel<B: Backend> {
     conv: Conv2d<B>,
     fc: Linear<B>,
+    fuse: bool,
 }
 
 /// Side length of the input images the model is built for.
@@ -42,6 +48,7 @@ impl SimpleModelConfig {
                 .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
                 .init(device),
             fc: LinearConfig::new(CHANNELS * pooled * pooled, self.num_classes).init(device),
+            fuse: self.fuse,
         }
     }
 }
@@ -60,6 +67,10 @@ impl<B: ModelBackend> SimpleModel<B> {
     /// # Shapes
     /// `[batch, 3, 32, 32]` → `[batch, 64, 16, 16]`
     pub fn features(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
+        if self.fuse {
+            let x = layers::conv_relu_pool(p, &self.conv, images, 2); // [B, 64, 16, 16]
+            return mark(x, Boundary("conv+relu+pool"));
+        }
         let x = mark(layers::conv2d(p, &self.conv, images), Boundary("conv")); // [B, 64, 32, 32]
         let x = mark(layers::relu(x), Boundary("relu"));
         mark(layers::max_pool2d(x, 2), Boundary("pool")) // [B, 64, 16, 16]

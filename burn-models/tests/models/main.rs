@@ -5,5 +5,7 @@
 mod batch_norm;
 /// Layer boundaries: identity ops heard in both passes, checkpointing included.
 mod boundary;
+/// The fused blocks against the composed layers: the same bits forward and backward.
+mod fused;
 /// Parameter counts against the article, the paper and Keras; output shapes; bad configs.
 mod shapes;

@@ -1,0 +1,145 @@
+//! Conv → batch norm → ReLU as one autodiff op that keeps two tensors where the composed ops
+//! keep three.
+//!
+//! Composed, autodiff keeps the conv's input, the batch norm's input (the conv output) *and*
+//! the ReLU's input (the batch-norm output). This op keeps the conv input (the previous
+//! block's output, which that block's op shares), the batch-norm input in the dtype it was
+//! computed in, and per-channel statistics; in backward it recomputes the batch-norm output
+//! from them, bit for bit, for the ReLU's mask. The idea is In-Place Activated BatchNorm's
+//! (Rota Bulò et al., CVPR 2018), which recomputes instead of keeping.
+//!
+//! ```text
+//! forward   z = conv(x, w)     y = BN(z)     out = relu(y)        keeps x, z, μ, 1/σ
+//! backward  y = BN(z) again → dy = dout·[y > 0] → dz, dγ, dβ (BN) → dx, dw (conv)
+//! ```
+//! Everything is written over backend primitives, so it runs on Flex, CUDA and wgpu alike.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::{Autodiff, NodeId};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::{ConvOptions, FloatTensor};
+use burn::tensor::DType;
+
+use crate::batch_norm::{self, BatchNormOutput, SavedStats};
+
+/// The composed block, for backends without an autodiff graph.
+pub(crate) fn conv_bn_relu_plain<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    options: ConvOptions<2>,
+    work: DType,
+    epsilon: f64,
+) -> BatchNormOutput<B> {
+    let z = B::conv2d(x, weight, None, options);
+    let bn = batch_norm::batch_norm_plain::<B>(z, gamma, beta, work, epsilon);
+    BatchNormOutput {
+        output: B::relu(bn.output),
+        ..bn
+    }
+}
+
+/// What backward reads besides the graph's own tensors.
+#[derive(Clone, Debug)]
+struct Saved<B: Backend> {
+    /// The batch-norm input (the conv output), in the dtype the conv computed it in.
+    z: FloatTensor<B>,
+    stats: SavedStats<B>,
+    options: ConvOptions<2>,
+}
+
+#[derive(Debug)]
+struct ConvBnReluBackward;
+
+impl<B: Backend> Backward<B, 4> for ConvBnReluBackward {
+    /// The checkpointed x, w, γ, β, then the rest.
+    type State = ([NodeId; 4], Saved<B>);
+
+    fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, ckpt: &mut Checkpointer) {
+        let [node_x, node_w, node_gamma, node_beta] = ops.parents;
+        let dout = grads.consume::<B>(&ops.node);
+        let ([x_id, w_id, gamma_id, beta_id], saved) = ops.state;
+        let x = ckpt.retrieve_node_output::<FloatTensor<B>>(x_id);
+        let w = ckpt.retrieve_node_output::<FloatTensor<B>>(w_id);
+        let gamma = ckpt.retrieve_node_output::<FloatTensor<B>>(gamma_id);
+        let beta = ckpt.retrieve_node_output::<FloatTensor<B>>(beta_id);
+
+        // The ReLU's mask, from the batch-norm output recomputed exactly as forward made it.
+        let y = batch_norm::recompute::<B>(saved.z.clone(), gamma.clone(), beta, &saved.stats);
+        let dy = B::relu_backward(y, dout);
+        let [dz, dgamma, dbeta] = batch_norm::backward::<B>(saved.z, gamma, &saved.stats, dy);
+
+        if let Some(node) = node_x {
+            let dx = B::conv2d_x_backward(x.clone(), w.clone(), dz.clone(), saved.options.clone());
+            grads.register::<B>(node.id, dx);
+        }
+        if let Some(node) = node_w {
+            grads.register::<B>(node.id, B::conv2d_weight_backward(x, w, dz, saved.options));
+        }
+        for (node, g) in [(node_gamma, dgamma), (node_beta, dbeta)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, g);
+            }
+        }
+    }
+}
+
+/// The block as one autodiff op. Returns the ReLU output and the batch statistics (for the
+/// running averages), as [`batch_norm::batch_norm_autodiff`] does for batch norm alone.
+pub(crate) fn conv_bn_relu_autodiff<B: Backend, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    weight: FloatTensor<Autodiff<B, C>>,
+    gamma: FloatTensor<Autodiff<B, C>>,
+    beta: FloatTensor<Autodiff<B, C>>,
+    options: ConvOptions<2>,
+    work: DType,
+    epsilon: f64,
+) -> BatchNormOutput<Autodiff<B, C>> {
+    let z = B::conv2d(
+        x.primitive.clone(),
+        weight.primitive.clone(),
+        None,
+        options.clone(),
+    );
+    let f = batch_norm::forward::<B>(
+        z.clone(),
+        gamma.primitive.clone(),
+        beta.primitive.clone(),
+        work,
+        epsilon,
+    );
+    let output = B::relu(f.output);
+    let inner = <Autodiff<B, C> as AutodiffBackend>::from_inner;
+    let (mean, var) = (inner(f.mean.clone()), inner(f.var));
+    let saved = Saved {
+        z,
+        stats: SavedStats {
+            mean: f.mean,
+            rstd: f.rstd,
+            work,
+        },
+        options,
+    };
+    let parents = [
+        x.node.clone(),
+        weight.node.clone(),
+        gamma.node.clone(),
+        beta.node.clone(),
+    ];
+    let output = match ConvBnReluBackward
+        .prepare::<C>(parents)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(mut prep) => {
+            let ids = [&x, &weight, &gamma, &beta].map(|t| prep.checkpoint(t));
+            prep.finish((ids, saved), output)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(output),
+    };
+    BatchNormOutput { output, mean, var }
+}

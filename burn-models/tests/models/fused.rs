@@ -1,0 +1,260 @@
+//! The fused blocks against the composed layers they replace, on the CPU backend under
+//! autodiff: the same bits forward and backward, in f32 and under f16-mixed, for the layer
+//! calls and for whole models.
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::{Module, ModuleMapper, Param};
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::{BatchNorm, BatchNormConfig, PaddingConfig2d};
+use burn::tensor::{DType, Tensor, TensorData};
+use burn_models::{layers, MobileNetConfig, Precision, SimpleModelConfig};
+
+type B = Autodiff<Flex>;
+
+const POLICIES: [(&str, Precision); 3] = [
+    ("f32", Precision::F32),
+    (
+        "f16-mixed, BN f32",
+        Precision {
+            compute: DType::F16,
+            batch_norm: DType::F32,
+            output: DType::F32,
+        },
+    ),
+    (
+        "f16-mixed, BN f16",
+        Precision {
+            compute: DType::F16,
+            batch_norm: DType::F16,
+            output: DType::F32,
+        },
+    ),
+];
+
+/// Whether two tensors hold the same values bit for bit (compared in f32, which holds f16
+/// exactly), with the largest difference for the message.
+fn same<const D: usize>(what: &str, a: Tensor<Flex, D>, b: Tensor<Flex, D>) {
+    assert_eq!(a.dtype(), b.dtype(), "{what}: dtype");
+    assert_eq!(a.dims(), b.dims(), "{what}: shape");
+    let diff = (a.cast(DType::F32) - b.cast(DType::F32))
+        .abs()
+        .max()
+        .into_scalar();
+    assert_eq!(diff, 0.0, "{what}: largest difference {diff}");
+}
+
+/// Values in [-1, 1) from a xorshift generator: the backend's RNG is one per process, and
+/// the other tests draw from it in parallel, so "seed, then draw" is not reproducible here.
+fn values(count: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..count)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn random<const D: usize>(shape: [usize; D], seed: u64) -> Tensor<B, D> {
+    let data = TensorData::new(values(shape.iter().product(), seed), shape);
+    Tensor::from_data(data, &Default::default())
+}
+
+/// `module` with every parameter drawn from [`values`] (scaled by 1/√fan-in), so two models
+/// built apart hold the same weights.
+fn same_weights<M: Module<B>>(module: M, seed: u64) -> M {
+    struct Fill(u64);
+    impl ModuleMapper<B> for Fill {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            self.0 += 1;
+            let seed = self.0;
+            param.map(|t| {
+                let dims = t.dims();
+                let fan_in = dims.iter().skip(1).product::<usize>().max(1) as f32;
+                random(dims, seed)
+                    .mul_scalar(1.0 / fan_in.sqrt())
+                    .add_scalar(if D == 1 { 0.5 } else { 0.0 })
+                    .require_grad()
+            })
+        }
+    }
+    module.map(&mut Fill(seed))
+}
+
+/// A batch norm whose γ and β are not 1 and 0, so the ReLU cuts at a place that depends on
+/// them and their gradients are exercised.
+fn batch_norm(channels: usize) -> BatchNorm<B> {
+    let mut bn = BatchNormConfig::new(channels).init::<B>(&Default::default());
+    let gamma = random([channels], 11).add_scalar(2.0).div_scalar(2.0);
+    let beta = random([channels], 12).div_scalar(2.0);
+    bn.gamma = bn.gamma.map(|_| gamma.require_grad());
+    bn.beta = bn.beta.map(|_| beta.require_grad());
+    bn
+}
+
+/// Conv → BN → ReLU, fused and composed, for a dense 3×3, a depthwise stride-2 3×3 and a
+/// pointwise 1×1: output, running statistics and every gradient (x, w, γ, β) bit for bit.
+#[test]
+fn conv_bn_relu_equals_the_composed_layers() {
+    let device = Default::default();
+    // (c_in, c_out, kernel, stride, groups)
+    for (c_in, c_out, k, stride, groups) in [(3, 8, 3, 1, 1), (8, 8, 3, 2, 8), (8, 16, 1, 1, 1)] {
+        for (name, p) in POLICIES {
+            let what = format!("{c_in}→{c_out} k{k} s{stride} g{groups}, {name}");
+            let conv: Conv2d<B> = Conv2dConfig::new([c_in, c_out], [k, k])
+                .with_stride([stride, stride])
+                .with_padding(PaddingConfig2d::Explicit(k / 2, k / 2, k / 2, k / 2))
+                .with_groups(groups)
+                .with_bias(false)
+                .init(&device);
+            let conv = same_weights(conv, 5);
+            let x = random([4, c_in, 10, 10], 3);
+            // A weighting of the output, so the incoming gradient is not constant.
+            let weighting = random([4, c_out, 10 / stride, 10 / stride], 4);
+            let run = |fused: bool| {
+                let bn = batch_norm(c_out);
+                let x = p.compute(x.clone()).detach().require_grad();
+                let y = if fused {
+                    layers::conv_bn_relu(&p, &conv, &bn, x.clone())
+                } else {
+                    let z = layers::batch_norm(&p, &bn, layers::conv2d(&p, &conv, x.clone()));
+                    layers::relu(z)
+                };
+                let grads = (y.clone().cast(DType::F32) * weighting.clone())
+                    .sum()
+                    .backward();
+                let g = |t: Tensor<B, 1>| t.grad(&grads).expect("a gradient");
+                (
+                    y.inner(),
+                    x.grad(&grads).expect("dx"),
+                    conv.weight.val().grad(&grads).expect("dw"),
+                    g(bn.gamma.val()),
+                    g(bn.beta.val()),
+                    bn.running_mean.value_sync().inner(),
+                    bn.running_var.value_sync().inner(),
+                )
+            };
+            let (a, b) = (run(true), run(false));
+            same(&format!("{what}: output"), a.0, b.0);
+            same(&format!("{what}: dx"), a.1, b.1);
+            same(&format!("{what}: dw"), a.2, b.2);
+            same(&format!("{what}: dγ"), a.3, b.3);
+            same(&format!("{what}: dβ"), a.4, b.4);
+            same(&format!("{what}: running mean"), a.5, b.5);
+            same(&format!("{what}: running variance"), a.6, b.6);
+        }
+    }
+}
+
+/// Conv → ReLU → 2×2 max-pool, fused and composed: output and every gradient (x, w, b) bit
+/// for bit, with a bias that makes about half the conv outputs negative (so whole windows die).
+#[test]
+fn conv_relu_pool_equals_the_composed_layers() {
+    let device = Default::default();
+    for (name, p) in POLICIES {
+        let conv: Conv2d<B> = Conv2dConfig::new([3, 8], [3, 3])
+            .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+            .init(&device);
+        let mut conv = same_weights(conv, 9);
+        let bias = random([8], 10).div_scalar(2.0).sub_scalar(0.5);
+        conv.bias = conv.bias.map(|b| b.map(|_| bias.require_grad()));
+        let x = random([4, 3, 12, 12], 1);
+        let weighting = random([4, 8, 6, 6], 2);
+        let run = |fused: bool| {
+            let x = p.compute(x.clone()).detach().require_grad();
+            let y = if fused {
+                layers::conv_relu_pool(&p, &conv, x.clone(), 2)
+            } else {
+                layers::max_pool2d(layers::relu(layers::conv2d(&p, &conv, x.clone())), 2)
+            };
+            let grads = (y.clone().cast(DType::F32) * weighting.clone())
+                .sum()
+                .backward();
+            let bias = conv.bias.as_ref().expect("a bias").val();
+            (
+                y.inner(),
+                x.grad(&grads).expect("dx"),
+                conv.weight.val().grad(&grads).expect("dw"),
+                bias.grad(&grads).expect("db"),
+            )
+        };
+        let (a, b) = (run(true), run(false));
+        let zeros = a.0.clone().equal_elem(0.0).int().sum().into_scalar();
+        assert!(
+            zeros > 0,
+            "{name}: some windows are dead, so the mask is tested"
+        );
+        same(&format!("{name}: output"), a.0, b.0);
+        same(&format!("{name}: dx"), a.1, b.1);
+        same(&format!("{name}: dw"), a.2, b.2);
+        same(&format!("{name}: db"), a.3, b.3);
+    }
+}
+
+/// Whole models with `fuse` on and off, from the same seed: the same logits and the same
+/// gradient for every parameter.
+#[test]
+fn fused_models_equal_the_composed_ones() {
+    let device = Default::default();
+    let x = random([2, 3, 32, 32], 21);
+    for (name, p) in POLICIES {
+        let simple = |fuse: bool| {
+            let m = SimpleModelConfig::new().with_fuse(fuse).init::<B>(&device);
+            let m = same_weights(m, 1);
+            let y = m.forward(x.clone(), &p);
+            let grads = y.clone().sum().backward();
+            (y.inner(), grad_list(&m, &grads))
+        };
+        let (a, b) = (simple(true), simple(false));
+        same(&format!("SimpleModel {name}: logits"), a.0, b.0);
+        for (i, (ga, gb)) in a.1.into_iter().zip(b.1).enumerate() {
+            same(&format!("SimpleModel {name}: parameter {i}"), ga, gb);
+        }
+
+        let mobilenet = |fuse: bool| {
+            let m = MobileNetConfig::cifar()
+                .with_width_multiplier(0.25)
+                .with_fuse(fuse)
+                .init::<B>(&device)
+                .expect("a valid config");
+            let m = same_weights(m, 1);
+            let y = m.forward(x.clone(), &p);
+            let grads = y.clone().sum().backward();
+            let params = grad_list(&m, &grads);
+            (y.inner(), params)
+        };
+        let (a, b) = (mobilenet(true), mobilenet(false));
+        same(&format!("MobileNet {name}: logits"), a.0, b.0);
+        assert_eq!(a.1.len(), b.1.len());
+        for (i, (ga, gb)) in a.1.into_iter().zip(b.1).enumerate() {
+            same(&format!("MobileNet {name}: parameter {i}"), ga, gb);
+        }
+    }
+}
+
+/// Every float parameter's gradient of `module`, flattened, in visiting order.
+fn grad_list<M: Module<B>>(
+    module: &M,
+    grads: &<B as burn::tensor::backend::AutodiffBackend>::Gradients,
+) -> Vec<Tensor<Flex, 1>> {
+    use burn::module::ModuleVisitor;
+    struct Collect<'a> {
+        grads: &'a <B as burn::tensor::backend::AutodiffBackend>::Gradients,
+        out: Vec<Tensor<Flex, 1>>,
+    }
+    impl ModuleVisitor<B> for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(g) = param.val().grad(self.grads) {
+                self.out.push(g.flatten(0, D - 1));
+            }
+        }
+    }
+    let mut c = Collect {
+        grads,
+        out: Vec::new(),
+    };
+    module.visit(&mut c);
+    c.out
+}
