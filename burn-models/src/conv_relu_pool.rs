@@ -21,7 +21,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, FloatTensor, IntTensor, MaxPool2dWithIndices};
-use burn::tensor::{Int, IntDType, Tensor, TensorMetadata, TensorPrimitive};
+use burn::tensor::{DType, FloatDType, Int, IntDType, Tensor, TensorMetadata, TensorPrimitive};
 
 /// The composed block, for backends without an autodiff graph.
 pub(crate) fn conv_relu_pool_plain<B: Backend>(
@@ -52,35 +52,37 @@ fn window_positions<B: Backend>(indices: IntTensor<B>, width: usize, k: usize) -
         .into_primitive()
 }
 
-/// `[n, c, ho, wo]` → `[n, c, ho·k, wo·k]`, each value repeated over its window.
-fn spread<B: Backend, K>(t: Tensor<B, 4, K>, k: usize) -> Tensor<B, 4, K>
+/// `[n, c, ho, wo]` → `[n, c, ho, k, wo, k]`, each value repeated over its window: a view
+/// (stride 0 on the window axes), nothing copied.
+fn spread<B: Backend, K>(t: Tensor<B, 4, K>, k: usize) -> Tensor<B, 6, K>
 where
     K: burn::tensor::BasicOps<B>,
 {
     let [n, c, ho, wo] = t.dims();
-    t.reshape([n, c, ho, 1, wo, 1])
-        .expand([n, c, ho, k, wo, k])
-        .reshape([n, c, ho * k, wo * k])
+    t.reshape([n, c, ho, 1, wo, 1]).expand([n, c, ho, k, wo, k])
 }
 
 /// The conv output's gradient: `g` at each window's winning position, zero elsewhere.
+///
+/// Worked on `[n, c, ho, k, wo, k]` views, so only the mask (one byte per input place) and the
+/// result are allocated; the result's memory order is `[n, c, ho·k, wo·k]`'s.
 fn unpool<B: Backend>(g: Tensor<B, 4>, positions: IntTensor<B>, k: usize) -> Tensor<B, 4> {
     let [n, c, ho, wo] = g.dims();
-    let (h, w) = (ho * k, wo * k);
     let device = g.device();
-    // Every place's position in its window, `row % k · k + col % k`, for one plane.
-    let rows = Tensor::<B, 1, Int>::arange(0..h as i64, &device)
-        .remainder_scalar(k as i64)
+    // Each place's position in its window, `a · k + b`, as a [1, 1, 1, k, 1, k] tensor.
+    let rows = Tensor::<B, 1, Int>::arange(0..k as i64, &device)
         .mul_scalar(k as i64)
-        .reshape([1, 1, h, 1]);
-    let cols = Tensor::<B, 1, Int>::arange(0..w as i64, &device)
-        .remainder_scalar(k as i64)
-        .reshape([1, 1, 1, w]);
-    let place = (rows.expand([1, 1, h, w]) + cols.expand([1, 1, h, w]))
+        .reshape([1, 1, 1, k, 1, 1]);
+    let cols = Tensor::<B, 1, Int>::arange(0..k as i64, &device).reshape([1, 1, 1, 1, 1, k]);
+    let shape = [n, c, ho, k, wo, k];
+    let place = (rows.expand([1, 1, 1, k, 1, k]) + cols.expand([1, 1, 1, k, 1, k]))
         .cast(IntDType::U8)
-        .expand([n, c, h, w]);
-    let winner = spread(Tensor::<B, 4, Int>::from_primitive(positions), k).equal(place);
-    spread(g, k).mask_fill(winner.bool_not(), 0.0)
+        .expand(shape);
+    let positions = Tensor::<B, 4, Int>::from_primitive(positions);
+    let loser = spread(positions, k).not_equal(place);
+    spread(g, k)
+        .mask_fill(loser, 0.0)
+        .reshape([n, c, ho * k, wo * k])
 }
 
 /// What backward reads besides the checkpointed x, w and b.
@@ -92,6 +94,48 @@ struct Saved<B: Backend> {
     positions: IntTensor<B>,
     options: ConvOptions<2>,
     k: usize,
+}
+
+/// Images per slice of the batch: a slice's conv output stays near 2²⁰ values (4 MiB in f32).
+/// The backend's conv kernels make scratch in proportion to the batch they get (Flex's weight
+/// gradient: about twice the conv output), so the op feeds them one slice at a time.
+pub const SLICE_VALUES: usize = 1 << 20;
+
+/// `(start, length)` of each slice of a batch of `batch` images of `per_image` values.
+fn slices(batch: usize, per_image: usize) -> impl Iterator<Item = (usize, usize)> {
+    let per = (SLICE_VALUES / per_image.max(1)).clamp(1, batch.max(1));
+    (0..batch)
+        .step_by(per)
+        .map(move |s| (s, per.min(batch - s)))
+}
+
+fn rows<B: Backend>(t: &FloatTensor<B>, start: usize, len: usize) -> FloatTensor<B> {
+    float::<B>(t.clone())
+        .narrow(0, start, len)
+        .into_primitive()
+        .tensor()
+}
+
+fn int_rows<B: Backend>(t: &IntTensor<B>, start: usize, len: usize) -> Tensor<B, 4, Int> {
+    Tensor::<B, 4, Int>::from_primitive(t.clone()).narrow(0, start, len)
+}
+
+/// `a + b` in f32, where `a` may not exist yet: half-precision slices are summed without
+/// rounding to half at every slice.
+fn accumulate<B: Backend>(a: Option<FloatTensor<B>>, b: FloatTensor<B>) -> FloatTensor<B> {
+    let b = B::float_cast(b, FloatDType::F32);
+    match a {
+        Some(a) => B::float_add(a, b),
+        None => b,
+    }
+}
+
+/// `t` (an f32 sum of slices) in `like`'s dtype.
+fn cast_like<B: Backend>(t: FloatTensor<B>, like: &FloatTensor<B>) -> FloatTensor<B> {
+    match like.dtype() {
+        DType::F32 => t,
+        dtype => B::float_cast(t, dtype.into()),
+    }
 }
 
 #[derive(Debug)]
@@ -108,20 +152,40 @@ impl<B: Backend> Backward<B, 3> for ConvReluPoolBackward {
         let w = ckpt.retrieve_node_output::<FloatTensor<B>>(w_id);
         let b = ckpt.retrieve_node_output::<FloatTensor<B>>(b_id);
 
-        let g = B::relu_backward(saved.out, dout);
-        let dz = unpool::<B>(float(g), saved.positions, saved.k)
-            .into_primitive()
-            .tensor();
-        let opts = saved.options;
+        let (k, opts) = (saved.k, saved.options);
+        let [n, c, ho, wo] = dout.shape().dims();
+        let (mut dw, mut db, mut dx) = (None, None, Vec::new());
+        // Slice by slice: the conv output's gradient exists for one slice at a time.
+        for (start, len) in slices(n, c * ho * wo * k * k) {
+            let g = B::relu_backward(
+                rows::<B>(&saved.out, start, len),
+                rows::<B>(&dout, start, len),
+            );
+            let positions = int_rows::<B>(&saved.positions, start, len).into_primitive();
+            let dz = unpool::<B>(float(g), positions, k)
+                .into_primitive()
+                .tensor();
+            let xs = rows::<B>(&x, start, len);
+            if node_x.is_some() {
+                let dxs = B::conv2d_x_backward(xs.clone(), w.clone(), dz.clone(), opts.clone());
+                dx.push(float::<B>(dxs));
+            }
+            if node_b.is_some() {
+                let dbs = B::conv2d_bias_backward(xs.clone(), b.clone(), dz.clone());
+                db = Some(accumulate::<B>(db, dbs));
+            }
+            if node_w.is_some() {
+                let dws = B::conv2d_weight_backward(xs, w.clone(), dz, opts.clone());
+                dw = Some(accumulate::<B>(dw, dws));
+            }
+        }
         if let Some(node) = node_x {
-            let dx = B::conv2d_x_backward(x.clone(), w.clone(), dz.clone(), opts.clone());
-            grads.register::<B>(node.id, dx);
+            grads.register::<B>(node.id, Tensor::cat(dx, 0).into_primitive().tensor());
         }
-        if let Some(node) = node_b {
-            grads.register::<B>(node.id, B::conv2d_bias_backward(x.clone(), b, dz.clone()));
-        }
-        if let Some(node) = node_w {
-            grads.register::<B>(node.id, B::conv2d_weight_backward(x, w, dz, opts));
+        for (node, g, like) in [(node_w, dw, &w), (node_b, db, &b)] {
+            if let (Some(node), Some(g)) = (node, g) {
+                grads.register::<B>(node.id, cast_like::<B>(g, like));
+            }
         }
     }
 }
@@ -135,19 +199,28 @@ pub(crate) fn conv_relu_pool_autodiff<B: Backend, C: CheckpointStrategy>(
     options: ConvOptions<2>,
     k: usize,
 ) -> FloatTensor<Autodiff<B, C>> {
-    let z = B::conv2d(
-        x.primitive.clone(),
-        weight.primitive.clone(),
-        Some(bias.primitive.clone()),
-        options.clone(),
-    );
-    let [_, _, _, width] = z.shape().dims();
-    let MaxPool2dWithIndices { output, indices } =
-        B::max_pool2d_with_indices(z, [k, k], [k, k], [0, 0], [1, 1], false);
-    let out = B::relu(output);
+    let [n, _, h, w] = x.primitive.shape().dims();
+    let [c_out, _, _, _] = weight.primitive.shape().dims();
+    let (mut outs, mut positions) = (Vec::new(), Vec::new());
+    // Slice by slice: the full-resolution conv output exists for one slice at a time.
+    for (start, len) in slices(n, c_out * h * w) {
+        let z = B::conv2d(
+            rows::<B>(&x.primitive, start, len),
+            weight.primitive.clone(),
+            Some(bias.primitive.clone()),
+            options.clone(),
+        );
+        let [_, _, _, width] = z.shape().dims();
+        let MaxPool2dWithIndices { output, indices } =
+            B::max_pool2d_with_indices(z, [k, k], [k, k], [0, 0], [1, 1], false);
+        outs.push(float(B::relu(output)));
+        let p = window_positions::<B>(indices, width, k);
+        positions.push(Tensor::<B, 4, Int>::from_primitive(p));
+    }
+    let out = Tensor::<B, 4>::cat(outs, 0).into_primitive().tensor();
     let saved = Saved {
         out: out.clone(),
-        positions: window_positions::<B>(indices, width, k),
+        positions: Tensor::<B, 4, Int>::cat(positions, 0).into_primitive(),
         options,
         k,
     };

@@ -26,6 +26,7 @@
 //! | 3. a smaller model | `model.width_multiplier` | `burn-models` `mobilenet.rs` |
 //! | 4. freeing cached memory | `memory.free_cache` | `memory/free_cache.rs` |
 //! | activation checkpointing | `memory.checkpointing` | `backend/mod.rs` (Burn's balanced strategy, picked by type) |
+//! | fused blocks | `memory.fuse` | `burn_models::conv_bn_relu`, `burn_models::conv_relu_pool` (custom autodiff ops) |
 //! | knowing before you run | `memory.budget` | `memory/estimate.rs`, `memory/diagnosis.rs` (fixes ranked) |
 //! | surviving an OOM | — | `memory/catch.rs` (the panic becomes the diagnosis, exit 3) |
 //! | the largest batch that fits | — | `commands/find_batch_size.rs` |

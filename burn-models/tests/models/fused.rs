@@ -193,6 +193,75 @@ fn conv_relu_pool_equals_the_composed_layers() {
     }
 }
 
+/// The largest difference of `a` from `b`, relative to `b`'s largest magnitude.
+fn relative<const D: usize>(a: Tensor<Flex, D>, b: Tensor<Flex, D>) -> f32 {
+    let (a, b) = (a.cast(DType::F32), b.cast(DType::F32));
+    let scale = b.clone().abs().max().into_scalar().max(1e-12);
+    (a - b).abs().max().into_scalar() / scale
+}
+
+/// SimpleModel's block at batch 40: the op runs it in slices of 16 images (so its scratch
+/// does not grow with the batch). Output, input gradient and positions are per image, so
+/// equal bit for bit; the weight and bias gradients are sums over slices (in f32), equal to
+/// rounding.
+#[test]
+fn conv_relu_pool_in_slices_equals_the_composed_layers() {
+    let device = Default::default();
+    for (name, p) in POLICIES {
+        let conv: Conv2d<B> = Conv2dConfig::new([3, 64], [3, 3])
+            .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+            .init(&device);
+        let conv = same_weights(conv, 13);
+        let x = random([40, 3, 32, 32], 14);
+        let weighting = random([40, 64, 16, 16], 15);
+        let run = |fused: bool| {
+            let x = p.compute(x.clone()).detach().require_grad();
+            let y = if fused {
+                layers::conv_relu_pool(&p, &conv, x.clone(), 2)
+            } else {
+                layers::max_pool2d(layers::relu(layers::conv2d(&p, &conv, x.clone())), 2)
+            };
+            let grads = (y.clone().cast(DType::F32) * weighting.clone())
+                .sum()
+                .backward();
+            let bias = conv.bias.as_ref().expect("a bias").val();
+            (
+                y.inner(),
+                x.grad(&grads).expect("dx"),
+                conv.weight.val().grad(&grads).expect("dw"),
+                bias.grad(&grads).expect("db"),
+            )
+        };
+        let (a, b) = (run(true), run(false));
+        same(&format!("{name}: output"), a.0, b.0);
+        same(&format!("{name}: dx"), a.1, b.1);
+        // Sums over 40 images in another order: f32 within rounding; in f16 the backend's
+        // own sum rounds differently (both are about 3.6% from the all-f32 gradient here).
+        let tolerance = if p.compute == DType::F32 { 1e-5 } else { 5e-3 };
+        let flat = |t: Tensor<Flex, 4>| t.flatten::<1>(0, 3);
+        for (what, a, b) in [
+            ("dw", flat(a.2.clone()), flat(b.2.clone())),
+            ("db", a.3, b.3),
+        ] {
+            let err = relative(a, b);
+            assert!(err < tolerance, "{name}: {what} relative error {err}");
+        }
+        // And no less accurate: against the all-f32 gradient, the sliced sum is as close.
+        let reference = {
+            let x = x.clone().detach().require_grad();
+            let y = layers::conv2d(&Precision::F32, &conv, x.clone());
+            let y = layers::max_pool2d(layers::relu(y), 2);
+            let grads = (y * weighting.clone()).sum().backward();
+            conv.weight.val().grad(&grads).expect("dw")
+        };
+        let (ours, theirs) = (relative(a.2, reference.clone()), relative(b.2, reference));
+        assert!(
+            ours <= theirs * 1.05 + 1e-6,
+            "{name}: sliced dw {ours} from f32, composed {theirs}"
+        );
+    }
+}
+
 /// Whole models with `fuse` on and off, from the same seed: the same logits and the same
 /// gradient for every parameter.
 #[test]

@@ -1,4 +1,5 @@
-//! `[memory]`: freeing cached memory, activation checkpointing and a memory budget.
+//! `[memory]`: freeing cached memory, activation checkpointing, fused blocks and a memory
+//! budget.
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,28 @@ pub enum Checkpointing {
     Balanced,
 }
 
+/// Whether conv → BN → ReLU (MobileNet) and conv → ReLU → max-pool (SimpleModel) run as
+/// single ops that keep less for backward.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fuse {
+    /// Every layer its own op: what the book's comparisons of the other fixes use.
+    #[default]
+    None,
+    /// The blocks as single ops (same function, same gradients, less memory).
+    Blocks,
+}
+
+impl Fuse {
+    /// The TOML spelling, for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Blocks => "blocks",
+        }
+    }
+}
+
 impl FreeCache {
     /// The TOML spelling, for reports.
     pub fn name(self) -> &'static str {
@@ -57,6 +80,7 @@ impl Checkpointing {
 pub struct RawMemory {
     pub free_cache: FreeCache,
     pub checkpointing: Checkpointing,
+    pub fuse: Fuse,
     /// e.g. `"6GiB"`, or a number of bytes.
     pub budget: Option<RawSize>,
 }
@@ -76,6 +100,7 @@ pub enum RawSize {
 pub struct MemorySpec {
     pub free_cache: FreeCache,
     pub checkpointing: Checkpointing,
+    pub fuse: Fuse,
     /// Bytes the run may use at its peak; checked against the estimate before training.
     pub budget: Option<u64>,
 }
@@ -93,6 +118,7 @@ pub(super) fn validate(m: &RawMemory) -> Result<MemorySpec, ConfigError> {
     Ok(MemorySpec {
         free_cache: m.free_cache,
         checkpointing: m.checkpointing,
+        fuse: m.fuse,
         budget,
     })
 }

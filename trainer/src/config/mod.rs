@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 pub use backend::BackendKind;
 pub use data::DataSource;
 pub use data::{DataSpec, CIFAR10_IMAGES, NUM_CLASSES};
-pub use memory::{parse_size, Checkpointing, FreeCache, MemorySpec, SIZE_HELP};
+pub use memory::{parse_size, Checkpointing, FreeCache, Fuse, MemorySpec, SIZE_HELP};
 pub use model::ModelName;
 pub use model::ModelSpec;
 pub use precision::{
@@ -267,7 +267,8 @@ pub fn out_of_range(key: &'static str, value: impl ToString, allowed: &str) -> C
 
 fn validate(path: &Path, raw: RawConfig, purpose: Purpose) -> Result<Settings, ConfigError> {
     let toml = toml::to_string(&raw).unwrap_or_default();
-    let model = model::validate(&raw.model)?;
+    let memory = memory::validate(&raw.memory)?;
+    let model = model::validate(&raw.model)?.fused(memory.fuse == Fuse::Blocks);
     let data = data::validate(&raw.data, raw.model.input_size)?;
     if purpose == Purpose::Train && raw.model.num_classes != NUM_CLASSES {
         return Err(out_of_range(
@@ -278,7 +279,6 @@ fn validate(path: &Path, raw: RawConfig, purpose: Purpose) -> Result<Settings, C
     }
     let train = train::validate(&raw.train, path)?;
     let precision = precision::validate(&raw.precision)?;
-    let memory = memory::validate(&raw.memory)?;
 
     Ok(Settings {
         path: path.to_owned(),

@@ -57,6 +57,22 @@ impl ModelSpec {
             Self::MobileNet(c) => format!("mobilenet(α={})", c.width_multiplier),
         }
     }
+
+    /// The same model with its blocks fused (`memory.fuse = "blocks"`) or not.
+    pub fn fused(self, fuse: bool) -> Self {
+        match self {
+            Self::Simple(c) => Self::Simple(c.with_fuse(fuse)),
+            Self::MobileNet(c) => Self::MobileNet(c.with_fuse(fuse)),
+        }
+    }
+
+    /// Whether the blocks run as fused ops.
+    pub fn is_fused(&self) -> bool {
+        match self {
+            Self::Simple(c) => c.fuse,
+            Self::MobileNet(c) => c.fuse,
+        }
+    }
 }
 
 /// Checks `[model]` and builds the model's config.

@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use crate::config::{self, Checkpointing, ModelSpec, PrecisionMode, Purpose, Settings};
+use crate::config::{self, Checkpointing, Fuse, ModelSpec, PrecisionMode, Purpose, Settings};
 use crate::memory::estimate::{estimate, Target};
 use crate::memory::human;
 use crate::training::checkpoint;
@@ -102,6 +102,9 @@ pub fn fixes(settings: &Settings, target: Target) -> Vec<Fix> {
             "activation checkpointing".into(),
             vec!["memory.checkpointing=balanced".into()],
         ));
+    }
+    if settings.memory.fuse == Fuse::None {
+        candidates.push(("fused blocks".into(), vec!["memory.fuse=blocks".into()]));
     }
     if let ModelSpec::MobileNet(m) = &settings.model {
         if m.width_multiplier > 0.5 {

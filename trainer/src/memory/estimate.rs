@@ -141,12 +141,19 @@ fn dtype_bytes(settings: &Settings) -> (u64, u64) {
 /// backend's bf16 path converts in its backward (Flex runs bf16 conv, max-pool and matmul
 /// through f32 copies), and whether what it saves is a ReLU's output (balanced checkpointing
 /// recomputes that instead of keeping it).
+/// A fused op also saves `bytes` (one-byte window positions) and makes `scratch` elements of
+/// the compute dtype in its backward beside its input and output gradients (the recomputed
+/// values and masks it works from), or, when it works slice by slice, `slice` scratch elements
+/// whatever the batch.
 struct Op {
     group: String,
     saves: u64,
     indices: u64,
+    bytes: u64,
     input: u64,
     output: u64,
+    scratch: u64,
+    slice: u64,
     bf16_f32: u64,
     after_relu: bool,
 }
@@ -156,8 +163,11 @@ fn op(group: &str, saves: u64, input: u64, output: u64) -> Op {
         group: group.into(),
         saves,
         indices: 0,
+        bytes: 0,
         input,
         output,
+        scratch: 0,
+        slice: 0,
         bf16_f32: 0,
         after_relu: false,
     }
@@ -172,6 +182,35 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
         ModelSpec::Simple(_) => {
             let (c, pooled) = (burn_models::simple::CHANNELS as u64, (s / 2) * (s / 2));
             let weights = 3 * c * 9 + c + c * pooled * k + k;
+            let linear = Op {
+                // The weight gradient's matmul converts the input and the output gradient.
+                bf16_f32: c * pooled + k,
+                ..op("linear (keeps its input)", c * pooled, c * pooled, k)
+            };
+            if spec.is_fused() {
+                // The block keeps its output (for the ReLU's sign) until its own backward, after
+                // the linear layer's: counted here, and the linear layer keeps nothing more.
+                let linear = Op {
+                    saves: 0,
+                    group: "linear (keeps its input: the block's output, counted above)".into(),
+                    ..linear
+                };
+                let fused = Op {
+                    bytes: c * pooled,
+                    // Per slice of the batch: the conv output's gradient, the backend's weight
+                    // gradient scratch (about twice that), the winners' mask and the output
+                    // gradient's slice (3.5 slices, as measured on Flex in f32 and f16).
+                    slice: 7 * burn_models::conv_relu_pool::SLICE_VALUES as u64 / 2,
+                    // (The CPU's bf16 copies are per slice too: within the slice scratch.)
+                    ..op(
+                        "conv+ReLU+max-pool (keeps the images, its output, 1 byte per output)",
+                        3 * s * s + c * pooled,
+                        3 * s * s,
+                        c * pooled,
+                    )
+                };
+                return (vec![fused, linear], weights, 0, 0);
+            }
             let ops = vec![
                 Op {
                     // x_backward and weight_backward each convert x and the output gradient.
@@ -201,11 +240,7 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
                         c * pooled,
                     )
                 },
-                Op {
-                    // The weight gradient's matmul converts the input and the output gradient.
-                    bf16_f32: c * pooled + k,
-                    ..op("linear (keeps its input)", c * pooled, c * pooled, k)
-                },
+                linear,
             ];
             (ops, weights, 0, 0)
         }
@@ -214,8 +249,19 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
             let mut side = s.div_ceil(m.stem_stride as u64);
             let mut c_in = m.channels(burn_models::mobilenet::STEM_CHANNELS) as u64;
             let (mut weights, mut bn) = (3 * c_in * 9, 2 * c_in);
-            // conv keeps its input, BN its input (the conv output), ReLU its input (BN's).
+            let fused = spec.is_fused();
+            // conv keeps its input, BN its input (the conv output), ReLU its input (BN's);
+            // fused, one op keeps the first two and recomputes the third in backward.
             let conv_bn_relu = |ops: &mut Vec<Op>, group: &str, input: u64, out: u64| {
+                if fused {
+                    ops.push(Op {
+                        // The recomputed BN output, the masked gradient, the BN input's.
+                        scratch: 3 * out,
+                        bf16_f32: 2 * (input + out),
+                        ..op(group, input + out, input, out)
+                    });
+                    return;
+                }
                 // Every conv but the stem's reads the previous ReLU's output.
                 let after_relu = !ops.is_empty();
                 ops.push(Op {
@@ -226,9 +272,13 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
                 ops.push(op(group, out, out, out));
                 ops.push(op(group, out, out, out));
             };
+            let what = match fused {
+                true => "fused conv+BN+ReLU: conv, BN inputs",
+                false => "conv, BN, ReLU inputs",
+            };
             conv_bn_relu(
                 &mut ops,
-                "stem: conv, BN, ReLU inputs",
+                &format!("stem: {what}"),
                 3 * s * s,
                 c_in * side * side,
             );
@@ -237,9 +287,9 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
                 let input = c_in * side * side;
                 side = side.div_ceil(stride as u64);
                 let dw = c_in * side * side;
-                let group = format!("block {:>2} depthwise: conv, BN, ReLU inputs", i + 1);
+                let group = format!("block {:>2} depthwise: {what}", i + 1);
                 conv_bn_relu(&mut ops, &group, input, dw);
-                let group = format!("block {:>2} pointwise: conv, BN, ReLU inputs", i + 1);
+                let group = format!("block {:>2} pointwise: {what}", i + 1);
                 conv_bn_relu(&mut ops, &group, dw, c_out * side * side);
                 weights += c_in * 9 + c_in * c_out;
                 bn += 2 * c_in + 2 * c_out;
@@ -262,12 +312,12 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
 /// output and the one it produces for its input are alive. `bf16_f32` adds the f32 copies that
 /// the CPU backend's bf16 kernels make (Flex converts bf16 arguments to f32).
 fn backward_excess(ops: &[Op], b: u64, compute: u64, index: u64, bf16_f32: bool) -> u64 {
-    let saved = |o: &Op| b * (o.saves * compute + o.indices * index);
+    let saved = |o: &Op| b * (o.saves * compute + o.indices * index + o.bytes);
     let mut alive: u64 = ops.iter().map(saved).sum();
     let forward_end = alive;
     let mut peak = forward_end;
     for o in ops.iter().rev() {
-        let mut in_flight = b * (o.output + o.input) * compute;
+        let mut in_flight = (b * (o.output + o.input + o.scratch) + o.slice) * compute;
         if o.after_relu && o.saves == 0 {
             // Checkpointed: the ReLU output is recomputed for this op's backward.
             in_flight += b * o.input * compute;
@@ -327,8 +377,8 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
     };
     let mut activations: Vec<Line> = Vec::new();
     for o in &ops {
-        let bytes = b * (o.saves * compute + o.indices * index);
-        let elements = b * (o.saves + o.indices);
+        let bytes = b * (o.saves * compute + o.indices * index + o.bytes);
+        let elements = b * (o.saves + o.indices + o.bytes);
         match activations.last_mut() {
             Some(last) if last.what == o.group => {
                 last.bytes += bytes;

@@ -58,6 +58,9 @@ pub struct Summary {
     pub free_cache: String,
     /// `memory.checkpointing`: which activations autodiff kept.
     pub checkpointing: String,
+    /// `memory.fuse`: whether the blocks ran as fused ops.
+    #[serde(default = "no_fusion")]
+    pub fuse: String,
     /// `trainer estimate`'s prediction of `peak_bytes`.
     pub predicted_peak_bytes: u64,
     /// measured / predicted − 1, where the probe measured a peak.
@@ -105,6 +108,7 @@ impl Summary {
             lr_schedule: t.lr_schedule.name().into(),
             free_cache: m.free_cache.name().into(),
             checkpointing: m.checkpointing.name().into(),
+            fuse: m.fuse.name().into(),
             final_lr: stepper.lr(),
             steps: stepper.step,
             epochs,
@@ -174,6 +178,7 @@ impl Summary {
             ("checkpoint", self.checkpoint.clone()),
             ("free cache", self.free_cache.clone()),
             ("act. checkpointing", self.checkpointing.clone()),
+            ("fused blocks", self.fuse.clone()),
             ("memory probe", self.memory.memory_probe.clone()),
             ("peak in use", bytes(self.memory.peak_bytes)),
             (
@@ -269,4 +274,9 @@ fn thousands(n: usize) -> String {
         out.push(c);
     }
     out
+}
+
+/// Summaries written before `memory.fuse` existed ran without fusion.
+fn no_fusion() -> String {
+    "none".into()
 }

@@ -9,6 +9,8 @@ mod common;
 mod errors;
 /// free_cache, the budget and its diagnosis, `compare`, `find-batch-size`.
 mod fixes;
+/// `memory.fuse = "blocks"`: lower peaks, the same losses, estimated.
+mod fused;
 /// Heap peaks: what mixed precision, accumulation and BN in f32 cost.
 mod memory;
 /// Mixed precision, loss scaling and accumulation through the binary.
