@@ -24,6 +24,9 @@ impl MemoryProbe for Tracked<'_> {
         LAST_PHASE.store(phase as u8 + 1, Relaxed);
         self.0.sample(phase);
     }
+    fn resident(&mut self) {
+        self.0.resident();
+    }
     fn report(&self) -> MemoryReport {
         self.0.report()
     }

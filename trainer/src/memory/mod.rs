@@ -52,6 +52,14 @@ pub struct MemoryReport {
     /// CUDA: the most device memory in use at a sample, device-wide (total − free from the
     /// driver, as nvidia-smi counts: the context and other processes included).
     pub device_used_peak_bytes: Option<u64>,
+    /// Bytes in use before the model was built: the data set and the batcher on the CPU
+    /// heap, nothing on a GPU (the data stays on the host).
+    #[serde(default)]
+    pub resident_bytes: Option<u64>,
+    /// `peak_bytes` above `resident_bytes`: what training itself added (parameters,
+    /// gradients, optimizer state, activations), the figure a GPU's peak in use compares with.
+    #[serde(default)]
+    pub training_peak_bytes: Option<u64>,
     /// Largest live bytes seen right after a forward pass.
     pub live_after_forward_bytes: Option<u64>,
     /// Largest live bytes seen right after a backward pass.
@@ -64,6 +72,8 @@ pub struct MemoryReport {
 pub trait MemoryProbe {
     /// Records the state at `phase` (a CUDA probe syncs the device first).
     fn sample(&mut self, phase: Phase);
+    /// Records what is in use before the model exists: the training peak is counted above it.
+    fn resident(&mut self) {}
     /// Everything measured so far.
     fn report(&self) -> MemoryReport;
     /// The samples of the window that peaked, where the probe keeps them.

@@ -39,6 +39,7 @@ pub trait Meter: Send + Sync + 'static {
 
 #[derive(Debug, Default)]
 struct Figures {
+    resident: Option<u64>,
     peak: u64,
     reserved_peak: Option<u64>,
     reserved_after_step: Option<u64>,
@@ -105,6 +106,12 @@ impl<M: Meter> Drop for Probe<M> {
 }
 
 impl<M: Meter> MemoryProbe for Probe<M> {
+    fn resident(&mut self) {
+        if let Some(r) = self.shared.meter.read() {
+            self.shared.figures().resident = Some(r.in_use);
+        }
+    }
+
     fn sample(&mut self, phase: Phase) {
         let event = match phase {
             Phase::WindowStart => {
@@ -155,6 +162,8 @@ impl<M: Meter> MemoryProbe for Probe<M> {
             reserved_peak_bytes: f.reserved_peak,
             reserved_after_step_bytes: f.reserved_after_step,
             device_used_peak_bytes: f.device_used_peak,
+            resident_bytes: f.resident,
+            training_peak_bytes: f.resident.map(|r| f.peak.saturating_sub(r)),
             live_after_forward_bytes: Some(f.phases.forward),
             live_after_backward_bytes: Some(f.phases.backward),
             live_after_step_bytes: Some(f.phases.step),

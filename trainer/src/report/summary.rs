@@ -63,6 +63,9 @@ pub struct Summary {
     pub fuse: String,
     /// `trainer estimate`'s prediction of `peak_bytes`.
     pub predicted_peak_bytes: u64,
+    /// `trainer estimate`'s prediction of `training_peak_bytes` (its device peak: no data).
+    #[serde(default)]
+    pub predicted_training_peak_bytes: u64,
     /// measured / predicted − 1, where the probe measured a peak.
     pub prediction_error: Option<f64>,
     /// Memory over the training steps (evaluation excluded).
@@ -83,7 +86,8 @@ impl Summary {
         memory: MemoryReport,
     ) -> Self {
         let (t, m) = (&settings.train, &settings.memory);
-        let predicted = estimate(settings, Target::of(backend.kind())).predicted_peak();
+        let e = estimate(settings, Target::of(backend.kind()));
+        let predicted = e.predicted_peak();
         let eval = record.eval();
         let window = record
             .largest_window()
@@ -122,6 +126,7 @@ impl Summary {
                 .display()
                 .to_string(),
             predicted_peak_bytes: predicted,
+            predicted_training_peak_bytes: e.device_peak_bytes,
             prediction_error: memory
                 .peak_bytes
                 .map(|b| b as f64 / predicted.max(1) as f64 - 1.0),
@@ -181,6 +186,7 @@ impl Summary {
             ("fused blocks", self.fuse.clone()),
             ("memory probe", self.memory.memory_probe.clone()),
             ("peak in use", bytes(self.memory.peak_bytes)),
+            ("training peak", self.training_peak()),
             (
                 "peak measured as",
                 self.memory
@@ -224,6 +230,23 @@ impl Summary {
             out.push_str(&format!("  {key:<width$}  {value}\n"));
         }
         out
+    }
+
+    /// The peak above what was resident before the model, with what that was and the
+    /// prediction: comparable across backends (a GPU's in-use figure holds no data set).
+    fn training_peak(&self) -> String {
+        let m = &self.memory;
+        let (Some(peak), Some(resident)) = (m.training_peak_bytes, m.resident_bytes) else {
+            return "n/a".into();
+        };
+        let predicted = self.predicted_training_peak_bytes;
+        format!(
+            "{} above {} resident before the model (predicted {}, measured is {:+.1}%)",
+            human(peak),
+            human(resident),
+            human(predicted),
+            100.0 * (peak as f64 / predicted.max(1) as f64 - 1.0)
+        )
     }
 
     /// Writes the JSON form to `path`.

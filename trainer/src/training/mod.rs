@@ -85,6 +85,8 @@ where
 
     let splits = data::load(&settings.data, settings.input_size)?;
     let batcher = Batcher::fit(&splits.train);
+    // The data set and the batcher stay; what training adds is measured above them.
+    probe.resident();
     let model: Classifier<B> = Classifier::init(&settings.model, &device)?;
     let windows = Windows {
         batch_size: t.batch_size,

@@ -2,7 +2,7 @@
 //! Every run is MobileNet's CIFAR preset (α = 1, 32×32, stem stride 1) for two optimizer steps,
 //! so the peak includes Adam's state; memory, not time, is asserted.
 
-use super::common::train;
+use super::common::{table_value, train};
 
 /// Peak heap bytes of a MobileNet run with these extra `--set`s.
 fn peak(name: &str, sets: &[&str]) -> f64 {
@@ -91,6 +91,23 @@ fn the_summary_reports_peaks_and_phases() {
         "no reserve on the heap"
     );
     assert!(stdout.contains("peak in use"), "{stdout}");
+    // The training peak: the heap peak above what was resident before the model (the data
+    // set: 8,192 training images of 3,072 bytes by default, and the batcher), predicted by
+    // the estimate's device peak, which holds no data.
+    let (resident, training) = (get("resident_bytes"), get("training_peak_bytes"));
+    assert_eq!(training + resident, peak, "{s}");
+    assert!(resident > 8_192 * 3_072, "the data set is resident: {s}");
+    let predicted = get("predicted_training_peak_bytes") as f64;
+    let error = training as f64 / predicted - 1.0;
+    assert!(
+        error.abs() < 0.15,
+        "training peak vs predicted {error:+.3}: {s}"
+    );
+    let row = table_value(&stdout, "training peak").expect("a training peak row");
+    assert!(
+        row.contains(" resident before the model (predicted "),
+        "{row}"
+    );
 }
 
 /// Every shipped config, two steps on a small data set: the estimate is within 25% of the

@@ -33,6 +33,10 @@ pub struct Row {
     pub accum_steps: Option<usize>,
     pub predicted_peak_bytes: Option<u64>,
     pub peak_bytes: Option<u64>,
+    /// `peak_bytes` above what was resident before the model (the data set on the CPU heap):
+    /// the figure the "vs first" ratios use, comparable across backends.
+    #[serde(default)]
+    pub training_peak_bytes: Option<u64>,
     pub reserved_peak_bytes: Option<u64>,
     /// Reserved bytes right after the last optimizer step (after `free_cache`'s cleanup).
     #[serde(default)]
@@ -61,6 +65,7 @@ impl Row {
             accum_steps: Some(s.accum_steps),
             predicted_peak_bytes: Some(s.predicted_peak_bytes),
             peak_bytes: s.memory.peak_bytes,
+            training_peak_bytes: s.memory.training_peak_bytes,
             reserved_peak_bytes: s.memory.reserved_peak_bytes,
             reserved_after_step_bytes: s.memory.reserved_after_step_bytes,
             memory_probe: Some(s.memory.memory_probe),

@@ -12,7 +12,7 @@ use crate::memory::human;
 const MIB: f64 = (1u64 << 20) as f64;
 
 /// The columns of the table and the CSV, with each row's cell.
-fn columns(r: &Row) -> [(&'static str, String); 14] {
+fn columns(r: &Row) -> [(&'static str, String); 15] {
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "—".into());
     let bytes = |b: Option<u64>| b.map_or_else(|| "—".into(), human);
     let batch = match (r.batch_size, r.accum_steps) {
@@ -32,6 +32,7 @@ fn columns(r: &Row) -> [(&'static str, String); 14] {
         ("batch × accum", batch),
         ("predicted", bytes(r.predicted_peak_bytes)),
         ("peak in use", bytes(r.peak_bytes)),
+        ("training peak", bytes(r.training_peak_bytes)),
         (
             "peak reserved",
             match (&r.memory_probe, r.reserved_peak_bytes) {
@@ -64,13 +65,20 @@ fn columns(r: &Row) -> [(&'static str, String); 14] {
     ]
 }
 
-/// The comparison as a Markdown table; "vs first" is each peak over the first row's.
+/// The peak the ratios compare: the training peak (above what was resident before the
+/// model, so a CPU heap's data set is not in it), or the whole peak where none was measured.
+fn ratio_peak(r: &Row) -> Option<u64> {
+    r.training_peak_bytes.or(r.peak_bytes)
+}
+
+/// The comparison as a Markdown table; "vs first" is each training peak over the first
+/// row's.
 pub fn markdown(rows: &[Row]) -> String {
     let Some(first) = rows.first() else {
         return String::new();
     };
     let mut head: Vec<&str> = columns(first).iter().map(|(h, _)| *h).collect();
-    head.insert(8, "vs first");
+    head.insert(9, "vs first");
     let mut out = format!("| {} |\n", head.join(" | "));
     out.push_str(&format!("|{}\n", "---|".repeat(head.len())));
     for r in rows {
@@ -78,11 +86,11 @@ pub fn markdown(rows: &[Row]) -> String {
             .into_iter()
             .map(|(_, c)| c.replace('|', "\\|"))
             .collect();
-        let ratio = match (r.peak_bytes, first.peak_bytes) {
+        let ratio = match (ratio_peak(r), ratio_peak(first)) {
             (Some(p), Some(f)) if f > 0 => format!("{:.2}×", p as f64 / f as f64),
             _ => "—".into(),
         };
-        cells.insert(8, ratio);
+        cells.insert(9, ratio);
         out.push_str(&format!("| {} |\n", cells.join(" | ")));
     }
     out
@@ -92,8 +100,8 @@ pub fn markdown(rows: &[Row]) -> String {
 pub fn csv(rows: &[Row]) -> String {
     let mut out = String::from(
         "config,name,model,parameters,backend,precision,batch_norm,batch_size,accum_steps,predicted_peak_bytes,\
-         peak_bytes,reserved_peak_bytes,reserved_after_step_bytes,memory_probe,images_per_sec,final_train_loss,\
-         eval_accuracy,skipped_steps,error\n",
+         peak_bytes,training_peak_bytes,reserved_peak_bytes,reserved_after_step_bytes,memory_probe,images_per_sec,\
+         final_train_loss,eval_accuracy,skipped_steps,error\n",
     );
     let s = |v: &Option<String>| quote(v.as_deref().unwrap_or(""));
     let n = |v: Option<String>| v.unwrap_or_default();
@@ -110,6 +118,7 @@ pub fn csv(rows: &[Row]) -> String {
             n(r.accum_steps.map(|v| v.to_string())),
             n(r.predicted_peak_bytes.map(|v| v.to_string())),
             n(r.peak_bytes.map(|v| v.to_string())),
+            n(r.training_peak_bytes.map(|v| v.to_string())),
             n(r.reserved_peak_bytes.map(|v| v.to_string())),
             n(r.reserved_after_step_bytes.map(|v| v.to_string())),
             s(&r.memory_probe),
@@ -226,7 +235,13 @@ pub fn write_all(rows: &[Row], dir: &Path, heading: &str) -> anyhow::Result<()> 
         let path = dir.join(name);
         crate::report::write_atomic(&path, text.as_bytes())
     };
-    write("report.md", format!("{heading}\n\n{}", markdown(rows)))?;
+    let note = "\"training peak\" is the peak above what was in use before the model was \
+                built (on the CPU heap, the data set), as on a GPU, whose memory holds no data set; \
+                \"vs first\" compares training peaks.";
+    write(
+        "report.md",
+        format!("{heading}\n\n{}\n{note}\n", markdown(rows)),
+    )?;
     write("report.csv", csv(rows))?;
     write("report.json", serde_json::to_string_pretty(rows)? + "\n")?;
     chart(
