@@ -148,6 +148,38 @@ fn conv_bn_relu_equals_the_composed_layers() {
     }
 }
 
+/// Conv → ReLU → 2×2 max-pool under `p`, fused or composed, on `x`, with the output weighted
+/// by `weighting` before the sum: the output and the gradients of x, w and b.
+fn pool_block(
+    p: &Precision,
+    conv: &Conv2d<B>,
+    x: &Tensor<B, 4>,
+    weighting: &Tensor<B, 4>,
+    fused: bool,
+) -> (
+    Tensor<Flex, 4>,
+    Tensor<Flex, 4>,
+    Tensor<Flex, 4>,
+    Tensor<Flex, 1>,
+) {
+    let x = p.compute(x.clone()).detach().require_grad();
+    let y = if fused {
+        layers::conv_relu_pool(p, conv, x.clone(), 2)
+    } else {
+        layers::max_pool2d(layers::relu(layers::conv2d(p, conv, x.clone())), 2)
+    };
+    let grads = (y.clone().cast(DType::F32) * weighting.clone())
+        .sum()
+        .backward();
+    let bias = conv.bias.as_ref().expect("a bias").val();
+    (
+        y.inner(),
+        x.grad(&grads).expect("dx"),
+        conv.weight.val().grad(&grads).expect("dw"),
+        bias.grad(&grads).expect("db"),
+    )
+}
+
 /// Conv → ReLU → 2×2 max-pool, fused and composed: output and every gradient (x, w, b) bit
 /// for bit, with a bias that makes about half the conv outputs negative (so whole windows die).
 #[test]
@@ -162,24 +194,7 @@ fn conv_relu_pool_equals_the_composed_layers() {
         conv.bias = conv.bias.map(|b| b.map(|_| bias.require_grad()));
         let x = random([4, 3, 12, 12], 1);
         let weighting = random([4, 8, 6, 6], 2);
-        let run = |fused: bool| {
-            let x = p.compute(x.clone()).detach().require_grad();
-            let y = if fused {
-                layers::conv_relu_pool(&p, &conv, x.clone(), 2)
-            } else {
-                layers::max_pool2d(layers::relu(layers::conv2d(&p, &conv, x.clone())), 2)
-            };
-            let grads = (y.clone().cast(DType::F32) * weighting.clone())
-                .sum()
-                .backward();
-            let bias = conv.bias.as_ref().expect("a bias").val();
-            (
-                y.inner(),
-                x.grad(&grads).expect("dx"),
-                conv.weight.val().grad(&grads).expect("dw"),
-                bias.grad(&grads).expect("db"),
-            )
-        };
+        let run = |fused| pool_block(&p, &conv, &x, &weighting, fused);
         let (a, b) = (run(true), run(false));
         let zeros = a.0.clone().equal_elem(0.0).int().sum().into_scalar();
         assert!(
@@ -214,24 +229,7 @@ fn conv_relu_pool_in_slices_equals_the_composed_layers() {
         let conv = same_weights(conv, 13);
         let x = random([40, 3, 32, 32], 14);
         let weighting = random([40, 64, 16, 16], 15);
-        let run = |fused: bool| {
-            let x = p.compute(x.clone()).detach().require_grad();
-            let y = if fused {
-                layers::conv_relu_pool(&p, &conv, x.clone(), 2)
-            } else {
-                layers::max_pool2d(layers::relu(layers::conv2d(&p, &conv, x.clone())), 2)
-            };
-            let grads = (y.clone().cast(DType::F32) * weighting.clone())
-                .sum()
-                .backward();
-            let bias = conv.bias.as_ref().expect("a bias").val();
-            (
-                y.inner(),
-                x.grad(&grads).expect("dx"),
-                conv.weight.val().grad(&grads).expect("dw"),
-                bias.grad(&grads).expect("db"),
-            )
-        };
+        let run = |fused| pool_block(&p, &conv, &x, &weighting, fused);
         let (a, b) = (run(true), run(false));
         same(&format!("{name}: output"), a.0, b.0);
         same(&format!("{name}: dx"), a.1, b.1);
@@ -247,13 +245,7 @@ fn conv_relu_pool_in_slices_equals_the_composed_layers() {
             assert!(err < tolerance, "{name}: {what} relative error {err}");
         }
         // And no less accurate: against the all-f32 gradient, the sliced sum is as close.
-        let reference = {
-            let x = x.clone().detach().require_grad();
-            let y = layers::conv2d(&Precision::F32, &conv, x.clone());
-            let y = layers::max_pool2d(layers::relu(y), 2);
-            let grads = (y * weighting.clone()).sum().backward();
-            conv.weight.val().grad(&grads).expect("dw")
-        };
+        let reference = pool_block(&Precision::F32, &conv, &x, &weighting, false).2;
         let (ours, theirs) = (relative(a.2, reference.clone()), relative(b.2, reference));
         assert!(
             ours <= theirs * 1.05 + 1e-6,
