@@ -59,11 +59,13 @@ pub(crate) struct Forward<B: Backend> {
     pub(crate) rstd: FloatTensor<B>,
 }
 
-fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+/// A float primitive as a tensor.
+pub(crate) fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(t))
 }
 
-fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+/// A float tensor's primitive.
+pub(crate) fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
     t.into_primitive().tensor()
 }
 

@@ -21,7 +21,9 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, FloatTensor, IntTensor, MaxPool2dWithIndices};
-use burn::tensor::{DType, FloatDType, Int, IntDType, Tensor, TensorMetadata, TensorPrimitive};
+use burn::tensor::{DType, FloatDType, Int, IntDType, Tensor, TensorMetadata};
+
+use crate::batch_norm::{float, prim};
 
 /// The composed block, for backends without an autodiff graph.
 pub(crate) fn conv_relu_pool_plain<B: Backend>(
@@ -33,10 +35,6 @@ pub(crate) fn conv_relu_pool_plain<B: Backend>(
 ) -> FloatTensor<B> {
     let z = B::relu(B::conv2d(x, weight, Some(bias), options));
     B::max_pool2d(z, [k, k], [k, k], [0, 0], [1, 1], false)
-}
-
-fn float<B: Backend>(t: FloatTensor<B>) -> Tensor<B, 4> {
-    Tensor::from_primitive(TensorPrimitive::Float(t))
 }
 
 /// Per output, the winner's place in its k×k window, `row · k + col`, as a `u8`.
@@ -110,10 +108,7 @@ fn slices(batch: usize, per_image: usize) -> impl Iterator<Item = (usize, usize)
 }
 
 fn rows<B: Backend>(t: &FloatTensor<B>, start: usize, len: usize) -> FloatTensor<B> {
-    float::<B>(t.clone())
-        .narrow(0, start, len)
-        .into_primitive()
-        .tensor()
+    prim(float::<B, 4>(t.clone()).narrow(0, start, len))
 }
 
 fn int_rows<B: Backend>(t: &IntTensor<B>, start: usize, len: usize) -> Tensor<B, 4, Int> {
@@ -162,13 +157,11 @@ impl<B: Backend> Backward<B, 3> for ConvReluPoolBackward {
                 rows::<B>(&dout, start, len),
             );
             let positions = int_rows::<B>(&saved.positions, start, len).into_primitive();
-            let dz = unpool::<B>(float(g), positions, k)
-                .into_primitive()
-                .tensor();
+            let dz = prim(unpool::<B>(float(g), positions, k));
             let xs = rows::<B>(&x, start, len);
             if node_x.is_some() {
                 let dxs = B::conv2d_x_backward(xs.clone(), w.clone(), dz.clone(), opts.clone());
-                dx.push(float::<B>(dxs));
+                dx.push(float::<B, 4>(dxs));
             }
             if node_b.is_some() {
                 let dbs = B::conv2d_bias_backward(xs.clone(), b.clone(), dz.clone());
@@ -180,7 +173,7 @@ impl<B: Backend> Backward<B, 3> for ConvReluPoolBackward {
             }
         }
         if let Some(node) = node_x {
-            grads.register::<B>(node.id, Tensor::cat(dx, 0).into_primitive().tensor());
+            grads.register::<B>(node.id, prim(Tensor::cat(dx, 0)));
         }
         for (node, g, like) in [(node_w, dw, &w), (node_b, db, &b)] {
             if let (Some(node), Some(g)) = (node, g) {
@@ -190,8 +183,39 @@ impl<B: Backend> Backward<B, 3> for ConvReluPoolBackward {
     }
 }
 
+/// The forward pass slice by slice: the output, and the winners' window positions.
+fn forward_sliced<B: Backend>(
+    x: &FloatTensor<B>,
+    weight: &FloatTensor<B>,
+    bias: &FloatTensor<B>,
+    options: &ConvOptions<2>,
+    k: usize,
+) -> (FloatTensor<B>, IntTensor<B>) {
+    let [n, _, h, w] = x.shape().dims();
+    let [c_out, _, _, _] = weight.shape().dims();
+    let (mut outs, mut positions) = (Vec::new(), Vec::new());
+    // The full-resolution conv output exists for one slice at a time.
+    for (start, len) in slices(n, c_out * h * w) {
+        let z = B::conv2d(
+            rows::<B>(x, start, len),
+            weight.clone(),
+            Some(bias.clone()),
+            options.clone(),
+        );
+        let [_, _, _, width] = z.shape().dims();
+        let MaxPool2dWithIndices { output, indices } =
+            B::max_pool2d_with_indices(z, [k, k], [k, k], [0, 0], [1, 1], false);
+        outs.push(float::<B, 4>(B::relu(output)));
+        let p = window_positions::<B>(indices, width, k);
+        positions.push(Tensor::<B, 4, Int>::from_primitive(p));
+    }
+    let positions = Tensor::<B, 4, Int>::cat(positions, 0).into_primitive();
+    (prim(Tensor::cat(outs, 0)), positions)
+}
+
 /// The block as one autodiff op. The conv output's height and width must be multiples of
-/// `k` (the layer falls back to the composed ops otherwise).
+/// `k` (the layer falls back to the composed ops otherwise). With nothing to differentiate,
+/// the composed forward: no positions to keep.
 pub(crate) fn conv_relu_pool_autodiff<B: Backend, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     weight: FloatTensor<Autodiff<B, C>>,
@@ -199,31 +223,6 @@ pub(crate) fn conv_relu_pool_autodiff<B: Backend, C: CheckpointStrategy>(
     options: ConvOptions<2>,
     k: usize,
 ) -> FloatTensor<Autodiff<B, C>> {
-    let [n, _, h, w] = x.primitive.shape().dims();
-    let [c_out, _, _, _] = weight.primitive.shape().dims();
-    let (mut outs, mut positions) = (Vec::new(), Vec::new());
-    // Slice by slice: the full-resolution conv output exists for one slice at a time.
-    for (start, len) in slices(n, c_out * h * w) {
-        let z = B::conv2d(
-            rows::<B>(&x.primitive, start, len),
-            weight.primitive.clone(),
-            Some(bias.primitive.clone()),
-            options.clone(),
-        );
-        let [_, _, _, width] = z.shape().dims();
-        let MaxPool2dWithIndices { output, indices } =
-            B::max_pool2d_with_indices(z, [k, k], [k, k], [0, 0], [1, 1], false);
-        outs.push(float(B::relu(output)));
-        let p = window_positions::<B>(indices, width, k);
-        positions.push(Tensor::<B, 4, Int>::from_primitive(p));
-    }
-    let out = Tensor::<B, 4>::cat(outs, 0).into_primitive().tensor();
-    let saved = Saved {
-        out: out.clone(),
-        positions: Tensor::<B, 4, Int>::cat(positions, 0).into_primitive(),
-        options,
-        k,
-    };
     let parents = [x.node.clone(), weight.node.clone(), bias.node.clone()];
     match ConvReluPoolBackward
         .prepare::<C>(parents)
@@ -231,9 +230,28 @@ pub(crate) fn conv_relu_pool_autodiff<B: Backend, C: CheckpointStrategy>(
         .stateful()
     {
         OpsKind::Tracked(mut prep) => {
+            let (out, positions) = forward_sliced::<B>(
+                &x.primitive,
+                &weight.primitive,
+                &bias.primitive,
+                &options,
+                k,
+            );
+            let saved = Saved {
+                out: out.clone(),
+                positions,
+                options,
+                k,
+            };
             let ids = [&x, &weight, &bias].map(|t| prep.checkpoint(t));
             prep.finish((ids, saved), out)
         }
-        OpsKind::UnTracked(prep) => prep.finish(out),
+        OpsKind::UnTracked(prep) => prep.finish(conv_relu_pool_plain::<B>(
+            x.primitive,
+            weight.primitive,
+            bias.primitive,
+            options,
+            k,
+        )),
     }
 }
