@@ -127,9 +127,7 @@ impl Summary {
                 .to_string(),
             predicted_peak_bytes: predicted,
             predicted_training_peak_bytes: e.device_peak_bytes,
-            prediction_error: memory
-                .peak_bytes
-                .map(|b| b as f64 / predicted.max(1) as f64 - 1.0),
+            prediction_error: memory.peak_bytes.map(|b| error(b, predicted)),
             memory,
         }
     }
@@ -245,7 +243,7 @@ impl Summary {
             human(peak),
             human(resident),
             human(predicted),
-            100.0 * (peak as f64 / predicted.max(1) as f64 - 1.0)
+            100.0 * error(peak, predicted)
         )
     }
 
@@ -302,4 +300,9 @@ fn thousands(n: usize) -> String {
 /// Summaries written before `memory.fuse` existed ran without fusion.
 fn no_fusion() -> String {
     "none".into()
+}
+
+/// measured / predicted − 1.
+fn error(measured: u64, predicted: u64) -> f64 {
+    measured as f64 / predicted.max(1) as f64 - 1.0
 }

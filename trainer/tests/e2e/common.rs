@@ -13,9 +13,14 @@ pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_trainer"))
 }
 
+/// The folder of one test's outputs (this process's; [`temp`] makes it afresh).
+pub fn out_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("oomlab-e2e-{name}-{}", std::process::id()))
+}
+
 /// A fresh folder for one test's outputs.
 pub fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("oomlab-e2e-{name}-{}", std::process::id()));
+    let dir = out_dir(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -88,4 +93,21 @@ pub fn table_value(stdout: &str, key: &str) -> Option<String> {
         // A key that only starts with `key` ("steps" vs "steps skipped") has no gap after it.
         rest.starts_with("  ").then(|| rest.trim().to_string())
     })
+}
+
+/// The losses of the steps taken, from steps.csv, read by the trainer's own parser.
+pub fn losses(dir: &Path) -> Vec<f64> {
+    let csv = std::fs::read_to_string(dir.join("steps.csv")).unwrap();
+    trainer::report::step_log::StepLog::parse(&csv)
+        .step_losses()
+        .collect()
+}
+
+/// Largest relative difference between two loss curves of the same length.
+pub fn curve_gap(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / y.abs().max(1e-12))
+        .fold(0.0, f64::max)
 }

@@ -4,15 +4,7 @@
 
 use std::path::Path;
 
-use trainer::report::step_log::StepLog;
-
-use super::common::train;
-
-/// The losses of the steps taken, from steps.csv, read by the trainer's own parser.
-fn losses(dir: &Path) -> Vec<f64> {
-    let csv = std::fs::read_to_string(dir.join("steps.csv")).unwrap();
-    StepLog::parse(&csv).step_losses().collect()
-}
+use super::common::{curve_gap, losses, out_dir, train};
 
 /// A CPU run of `config` with `memory.fuse = fuse`: its summary and its step losses.
 fn run(name: &str, config: &str, steps: &str, fuse: &str, sets: &[&str]) -> (f64, f64, Vec<f64>) {
@@ -42,17 +34,7 @@ fn run(name: &str, config: &str, steps: &str, fuse: &str, sets: &[&str]) -> (f64
         peak / (1 << 20) as f64,
         predicted / (1 << 20) as f64
     );
-    let dir = std::env::temp_dir().join(format!("oomlab-e2e-{name}-{}", std::process::id()));
-    (peak, predicted, losses(&dir))
-}
-
-/// Largest relative difference between two loss curves of the same length.
-fn curve_gap(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs() / y.abs().max(1e-12))
-        .fold(0.0, f64::max)
+    (peak, predicted, losses(&out_dir(name)))
 }
 
 /// SimpleModel, f32, batch 128: the fused block keeps no full-resolution tensor, so the peak

@@ -6,9 +6,7 @@
 
 use std::path::Path;
 
-use trainer::report::step_log::StepLog;
-
-use super::common::{arg, run_env, stderr, summary, table_value, temp};
+use super::common::{arg, curve_gap, losses, run_env, stderr, summary, table_value, temp};
 
 /// Minimal autotune: fewer kernels to time on a CPU-speed device (the docs say what it costs).
 const ENV: [(&str, &str); 1] = [("CUBECL_AUTOTUNE_LEVEL", "minimal")];
@@ -59,12 +57,6 @@ fn timeline(dir: &Path) -> Vec<(String, String, u64, u64)> {
 fn within_estimate(s: &serde_json::Value) {
     let error = s["prediction_error"].as_f64().unwrap();
     assert!(error.abs() < 0.25, "measured vs predicted {error:+.3}: {s}");
-}
-
-/// The losses of the steps taken, from steps.csv, read by the trainer's own parser.
-fn losses(dir: &Path) -> Vec<f64> {
-    let csv = std::fs::read_to_string(dir.join("steps.csv")).unwrap();
-    StepLog::parse(&csv).step_losses().collect()
 }
 
 /// 20 steps of 32 at lr 3e-4: the loss falls by half on the CPU with the same numbers.
@@ -309,10 +301,8 @@ fn fused_blocks_run_on_wgpu_with_the_same_saving() {
     let ratio = bytes(&fused, "peak_bytes") / bytes(&plain, "peak_bytes");
     assert!(ratio < 0.6, "fused / composed peak in use = {ratio}");
     let (a, b) = (losses(&fused_dir), losses(&plain_dir));
-    assert_eq!(a.len(), b.len());
-    for (x, y) in a.iter().zip(&b) {
-        assert!((x - y).abs() < 1e-3 * y.abs(), "losses {a:?} vs {b:?}");
-    }
+    let gap = curve_gap(&a, &b);
+    assert!(gap < 1e-3, "losses {a:?} vs {b:?}: {gap}");
     let rows = timeline(&fused_dir);
     assert!(
         rows.iter()
