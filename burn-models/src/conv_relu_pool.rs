@@ -94,10 +94,10 @@ struct Saved<B: Backend> {
     k: usize,
 }
 
-/// Images per slice of the batch: a slice's conv output stays near 2²⁰ values (4 MiB in f32).
+/// Images per slice of the batch: a slice's conv output stays near 2¹⁸ values (1 MiB in f32).
 /// The backend's conv kernels make scratch in proportion to the batch they get (Flex's weight
 /// gradient: about twice the conv output), so the op feeds them one slice at a time.
-pub const SLICE_VALUES: usize = 1 << 20;
+pub const SLICE_VALUES: usize = 1 << 18;
 
 /// `(start, length)` of each slice of a batch of `batch` images of `per_image` values.
 fn slices(batch: usize, per_image: usize) -> impl Iterator<Item = (usize, usize)> {
@@ -193,7 +193,9 @@ fn forward_sliced<B: Backend>(
 ) -> (FloatTensor<B>, IntTensor<B>) {
     let [n, _, h, w] = x.shape().dims();
     let [c_out, _, _, _] = weight.shape().dims();
-    let (mut outs, mut positions) = (Vec::new(), Vec::new());
+    // Each slice is written into one output allocated at the first slice: collecting the
+    // slices and concatenating them would hold the pooled output twice at the end.
+    let mut full: Option<(Tensor<B, 4>, Tensor<B, 4, Int>)> = None;
     // The full-resolution conv output exists for one slice at a time.
     for (start, len) in slices(n, c_out * h * w) {
         let z = B::conv2d(
@@ -205,12 +207,27 @@ fn forward_sliced<B: Backend>(
         let [_, _, _, width] = z.shape().dims();
         let MaxPool2dWithIndices { output, indices } =
             B::max_pool2d_with_indices(z, [k, k], [k, k], [0, 0], [1, 1], false);
-        outs.push(float::<B, 4>(B::relu(output)));
-        let p = window_positions::<B>(indices, width, k);
-        positions.push(Tensor::<B, 4, Int>::from_primitive(p));
+        let out = float::<B, 4>(B::relu(output));
+        let pos = Tensor::<B, 4, Int>::from_primitive(window_positions::<B>(indices, width, k));
+        if len == n {
+            return (prim(out), pos.into_primitive());
+        }
+        let (all_out, all_pos) = full.take().unwrap_or_else(|| {
+            let [_, c, ho, wo] = out.dims();
+            let device = out.device();
+            (
+                Tensor::empty([n, c, ho, wo], (&device, out.dtype())),
+                Tensor::empty([n, c, ho, wo], (&device, pos.dtype())),
+            )
+        });
+        let range = start..start + len;
+        full = Some((
+            all_out.slice_assign([range.clone()], out),
+            all_pos.slice_assign([range], pos),
+        ));
     }
-    let positions = Tensor::<B, 4, Int>::cat(positions, 0).into_primitive();
-    (prim(Tensor::cat(outs, 0)), positions)
+    let (out, pos) = full.expect("a batch has at least one image, so one slice");
+    (prim(out), pos.into_primitive())
 }
 
 /// The block as one autodiff op. The conv output's height and width must be multiples of
