@@ -16,6 +16,7 @@ use serde::Serialize;
 use crate::config::{
     BackendKind, Checkpointing, ModelSpec, OptimizerName, PrecisionMode, Settings,
 };
+use crate::memory::floor::Floor;
 use crate::memory::human;
 
 /// What a measured peak counts, and so what the prediction must include.
@@ -70,6 +71,9 @@ pub struct Estimate {
     pub host_data: Line,
     /// Device bytes at the peak: model state + saved activations + backward's in-flight bytes.
     pub device_peak_bytes: u64,
+    /// The least a step of this model can peak at (see [`Floor`]); `device_peak_bytes` and a
+    /// measured training peak are compared with it.
+    pub floor: Floor,
 }
 
 impl Estimate {
@@ -117,6 +121,16 @@ impl Estimate {
             human(self.host_data.bytes),
             human(self.heap_peak())
         ));
+        let f = &self.floor;
+        out.push_str(&format!(
+            "analytic floor {} = model state {} + the larger of gradients {} and, at backward's worst instant, the fused blocks' saved activations {} + one activation gradient {}; the device peak is {:.2}× the floor\n",
+            human(f.total()),
+            human(f.model_state),
+            human(f.gradients),
+            human(f.saved),
+            human(f.gradient),
+            f.ratio(self.device_peak_bytes)
+        ));
         out
     }
 }
@@ -144,7 +158,9 @@ fn dtype_bytes(settings: &Settings) -> (u64, u64) {
 /// A fused op also saves `bytes` (one-byte window positions) and makes `scratch` elements of
 /// the compute dtype in its backward beside its input and output gradients (the recomputed
 /// values and masks it works from), or, when it works slice by slice, `slice` scratch elements
-/// whatever the batch.
+/// whatever the batch. On the CPU, `cpu_copy` elements of its input gradient exist twice for a
+/// moment, 4 bytes each: Flex's matmul makes its output as a byte buffer that is copied to be
+/// realigned (`FlexTensor::empty`), and in half precision makes it in f32 first.
 struct Op {
     group: String,
     saves: u64,
@@ -154,6 +170,7 @@ struct Op {
     output: u64,
     scratch: u64,
     slice: u64,
+    cpu_copy: u64,
     bf16_f32: u64,
     after_relu: bool,
 }
@@ -168,6 +185,7 @@ fn op(group: &str, saves: u64, input: u64, output: u64) -> Op {
         output,
         scratch: 0,
         slice: 0,
+        cpu_copy: 0,
         bf16_f32: 0,
         after_relu: false,
     }
@@ -185,6 +203,7 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
             let linear = Op {
                 // The weight gradient's matmul converts the input and the output gradient.
                 bf16_f32: c * pooled + k,
+                cpu_copy: c * pooled,
                 ..op("linear (keeps its input)", c * pooled, c * pooled, k)
             };
             if spec.is_fused() {
@@ -300,7 +319,10 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
                 after_relu: true,
                 ..op("global pool (keeps its input)", last, last, c_in)
             });
-            ops.push(op("linear (keeps its input)", c_in, c_in, k));
+            ops.push(Op {
+                cpu_copy: c_in,
+                ..op("linear (keeps its input)", c_in, c_in, k)
+            });
             weights += c_in * k + k;
             (ops, weights, bn, bn)
         }
@@ -310,8 +332,9 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
 /// Bytes alive at the peak of backward beyond what the end of forward holds: walking the tape
 /// backwards, each op's saved tensors are freed after it, while the gradient arriving at its
 /// output and the one it produces for its input are alive. `bf16_f32` adds the f32 copies that
-/// the CPU backend's bf16 kernels make (Flex converts bf16 arguments to f32).
-fn backward_excess(ops: &[Op], b: u64, compute: u64, index: u64, bf16_f32: bool) -> u64 {
+/// the CPU backend's bf16 kernels make (Flex converts bf16 arguments to f32), `cpu` the
+/// realigned copies of [`Op::cpu_copy`].
+fn backward_excess(ops: &[Op], b: u64, compute: u64, index: u64, bf16_f32: bool, cpu: bool) -> u64 {
     let saved = |o: &Op| b * (o.saves * compute + o.indices * index + o.bytes);
     let mut alive: u64 = ops.iter().map(saved).sum();
     let forward_end = alive;
@@ -324,6 +347,9 @@ fn backward_excess(ops: &[Op], b: u64, compute: u64, index: u64, bf16_f32: bool)
         }
         if bf16_f32 {
             in_flight += b * o.bf16_f32 * 4;
+        }
+        if cpu {
+            in_flight += b * o.cpu_copy * 4;
         }
         peak = peak.max(alive + in_flight);
         alive -= saved(o);
@@ -399,7 +425,8 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         4,
     ));
     let bf16_f32 = target == Target::CpuHeap && mode == PrecisionMode::Bf16Mixed;
-    let excess = backward_excess(&ops, b, compute, index, bf16_f32);
+    let cpu = target == Target::CpuHeap;
+    let excess = backward_excess(&ops, b, compute, index, bf16_f32, cpu);
     let what = if bf16_f32 {
         "backward: gradients in flight (+ CPU bf16 kernels' f32 copies)"
     } else {
@@ -416,6 +443,13 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         .chain(std::iter::once(&in_flight))
         .map(|l| l.bytes)
         .sum();
+    let logits = activations.last().map_or(0, |l| l.bytes);
+    // One set of gradients; with accumulation the model state holds it already.
+    let gradients = match t.accum_steps {
+        1 => params * pbytes,
+        _ => 0,
+    };
+    let floor = floor(settings, b, compute, index, logits, gradients, &model_state);
     Estimate {
         target,
         parameters: params,
@@ -429,5 +463,38 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
             1,
         ),
         device_peak_bytes,
+        floor,
+    }
+}
+
+/// The [`Floor`] of `settings`: its model state, and the worst instant of the fused tape's
+/// backward at micro-batch `b` (see [`crate::memory::floor`]).
+fn floor(
+    settings: &Settings,
+    b: u64,
+    compute: u64,
+    index: u64,
+    logits: u64,
+    gradients: u64,
+    model_state: &[Line],
+) -> Floor {
+    let fused = settings.model.clone().fused(true);
+    let (ops, ..) = tape(&fused, settings.input_size, settings.num_classes);
+    let saved = |o: &Op| b * (o.saves * compute + o.indices * index + o.bytes);
+    // Walking backward: before an op's backward, it and every op before it still hold theirs.
+    let mut alive: u64 = ops.iter().map(saved).sum::<u64>() + logits;
+    let (mut worst_saved, mut worst_gradient) = (alive, 0);
+    for o in ops.iter().rev() {
+        let gradient = b * o.output * compute;
+        if alive + gradient > worst_saved + worst_gradient {
+            (worst_saved, worst_gradient) = (alive, gradient);
+        }
+        alive -= saved(o);
+    }
+    Floor {
+        model_state: model_state.iter().map(|l| l.bytes).sum(),
+        gradients,
+        saved: worst_saved,
+        gradient: worst_gradient,
     }
 }

@@ -1,4 +1,4 @@
-//! Memory: measured ([`probe`] over [`heap`] or [`cube`], drawn as a [`timeline`]), predicted ([`estimate`]), diagnosed when it runs out
+//! Memory: measured ([`probe`] over [`heap`] or [`cube`], drawn as a [`timeline`]), predicted ([`estimate`], against its [`floor`]), diagnosed when it runs out
 //! ([`diagnosis`], [`catch`]) and given back ([`free_cache`]).
 //!
 //! One [`MemoryProbe`] per run is sampled at the phase boundaries of every micro-batch (after
@@ -12,6 +12,7 @@ pub mod catch;
 pub mod cube;
 pub mod diagnosis;
 pub mod estimate;
+pub mod floor;
 pub mod free_cache;
 pub mod heap;
 pub mod host;

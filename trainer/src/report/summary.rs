@@ -66,6 +66,10 @@ pub struct Summary {
     /// `trainer estimate`'s prediction of `training_peak_bytes` (its device peak: no data).
     #[serde(default)]
     pub predicted_training_peak_bytes: u64,
+    /// `trainer estimate`'s analytic floor: the least a step of this model can peak at
+    /// (`memory::floor`), compared with `training_peak_bytes`.
+    #[serde(default)]
+    pub floor_bytes: u64,
     /// measured / predicted − 1, where the probe measured a peak.
     pub prediction_error: Option<f64>,
     /// Memory over the training steps (evaluation excluded).
@@ -127,6 +131,7 @@ impl Summary {
                 .to_string(),
             predicted_peak_bytes: predicted,
             predicted_training_peak_bytes: e.device_peak_bytes,
+            floor_bytes: e.floor.total(),
             prediction_error: memory.peak_bytes.map(|b| error(b, predicted)),
             memory,
         }
@@ -185,6 +190,7 @@ impl Summary {
             ("memory probe", self.memory.memory_probe.clone()),
             ("peak in use", bytes(self.memory.peak_bytes)),
             ("training peak", self.training_peak()),
+            ("analytic floor", self.floor()),
             (
                 "peak measured as",
                 self.memory
@@ -245,6 +251,20 @@ impl Summary {
             human(predicted),
             100.0 * error(peak, predicted)
         )
+    }
+
+    /// The floor, and how many times it the training peak is.
+    fn floor(&self) -> String {
+        let ratio = match (self.memory.training_peak_bytes, self.floor_bytes) {
+            (Some(peak), floor) if floor > 0 => {
+                format!(
+                    " (the training peak is {:.2}× it)",
+                    peak as f64 / floor as f64
+                )
+            }
+            _ => String::new(),
+        };
+        format!("{}{ratio}", human(self.floor_bytes))
     }
 
     /// Writes the JSON form to `path`.

@@ -6,8 +6,16 @@ use std::path::Path;
 
 use super::common::{curve_gap, losses, out_dir, train};
 
-/// A CPU run of `config` with `memory.fuse = fuse`: its summary and its step losses.
-fn run(name: &str, config: &str, steps: &str, fuse: &str, sets: &[&str]) -> (f64, f64, Vec<f64>) {
+/// A CPU run of `config` with `memory.fuse = fuse`: its peak, predicted peak and step losses.
+/// Its training peak is never below the analytic floor, and is at most `floor_ratio` times it.
+fn run(
+    name: &str,
+    config: &str,
+    steps: &str,
+    fuse: &str,
+    sets: &[&str],
+    floor_ratio: f64,
+) -> (f64, f64, Vec<f64>) {
     let fuse = format!("memory.fuse={fuse}");
     let mut args = vec![
         "--config",
@@ -29,10 +37,19 @@ fn run(name: &str, config: &str, steps: &str, fuse: &str, sets: &[&str]) -> (f64
         s["peak_bytes"].as_f64().unwrap(),
         s["predicted_peak_bytes"].as_f64().unwrap(),
     );
+    let (training, floor) = (
+        s["training_peak_bytes"].as_f64().unwrap(),
+        s["floor_bytes"].as_f64().unwrap(),
+    );
     println!(
-        "{name}: peak {:.1} MiB, predicted {:.1} MiB",
+        "{name}: peak {:.1} MiB, predicted {:.1} MiB, training peak {:.2}× the floor",
         peak / (1 << 20) as f64,
-        predicted / (1 << 20) as f64
+        predicted / (1 << 20) as f64,
+        training / floor
+    );
+    assert!(
+        floor <= training && training <= floor_ratio * floor,
+        "{name}: training peak {training}, floor {floor}"
     );
     (peak, predicted, losses(&out_dir(name)))
 }
@@ -43,13 +60,23 @@ fn run(name: &str, config: &str, steps: &str, fuse: &str, sets: &[&str]) -> (f64
 #[test]
 fn fused_simple_model_keeps_under_60_percent_and_learns_the_same() {
     let sets = ["data.train_size=1280"];
-    let (plain, _, plain_losses) = run("fuse-simple-none", "configs/f32.toml", "20", "none", &sets);
+    let (plain, _, plain_losses) = run(
+        "fuse-simple-none",
+        "configs/f32.toml",
+        "20",
+        "none",
+        &sets,
+        f64::INFINITY,
+    );
+    // On the CPU the fused run stays 1.47× its floor: Flex makes the linear layer's input
+    // gradient twice for a moment (a realigning copy), which the floor does not count.
     let (fused, predicted, fused_losses) = run(
         "fuse-simple-blocks",
         "configs/f32.toml",
         "20",
         "blocks",
         &sets,
+        1.6,
     );
     assert!(fused <= 0.6 * plain, "fused {fused} vs composed {plain}");
     assert_eq!(plain_losses.len(), 20);
@@ -70,10 +97,11 @@ fn fused_mobilenet_keeps_less_and_learns_the_same() {
     let mut peaks = Vec::new();
     for config in ["configs/mobilenet.toml", "configs/mobilenet-amp.toml"] {
         let stem = Path::new(config).file_stem().unwrap().to_string_lossy();
-        let (plain, _, plain_losses) =
-            run(&format!("fuse-{stem}-none"), config, "3", "none", &sets);
+        let name = |fuse: &str| format!("fuse-{stem}-{fuse}");
+        let (plain, _, plain_losses) = run(&name("none"), config, "3", "none", &sets, 2.0);
+        // The target: within 1.15× the floor (measured 1.06× and 1.09×).
         let (fused, predicted, fused_losses) =
-            run(&format!("fuse-{stem}-blocks"), config, "3", "blocks", &sets);
+            run(&name("blocks"), config, "3", "blocks", &sets, 1.15);
         assert!(fused <= 0.8 * plain, "{config}: fused {fused} vs {plain}");
         assert_eq!(fused_losses, plain_losses, "{config}");
         assert!(

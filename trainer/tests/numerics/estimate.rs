@@ -226,3 +226,66 @@ fn out_of_memory_panics_are_told_from_other_panics() {
         "index out of bounds: the len is 3 but the index is 7"
     ));
 }
+
+/// The floor of SimpleModel f32 batch 128 (Adam), counted by hand from the fused tape: the
+/// worst instant is the fused block's backward, with the images, its pooled output, one
+/// position byte per output and the logits saved, and the pooled output's gradient in flight.
+#[test]
+fn the_floor_counts_the_fused_tape_by_hand() {
+    let e = estimate(&settings(&[]), Target::Device);
+    let (b, params, pooled) = (
+        128u64,
+        3 * 64 * 9 + 64 + 64 * 16 * 16 * 10 + 10,
+        64 * 16 * 16,
+    );
+    let f = e.floor;
+    assert_eq!(
+        f.model_state,
+        3 * 4 * params,
+        "parameters and two Adam moments"
+    );
+    assert_eq!(f.gradients, 4 * params);
+    assert_eq!(
+        f.saved,
+        b * (4 * 3 * 32 * 32 + 4 * pooled + pooled) + 2 * b * 10 * 4
+    );
+    assert_eq!(f.gradient, b * 4 * pooled);
+    assert_eq!(f.total(), f.model_state + f.saved + f.gradient);
+}
+
+/// A floor is a lower bound: no shipped config's prediction is below it, fused or not, and
+/// it does not depend on whether the config fuses.
+#[test]
+fn no_prediction_is_below_the_floor() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let load = |fuse: &str| {
+            let sets = vec![format!("memory.fuse={fuse}")];
+            load_for(&text, &path, &sets, Purpose::Estimate).unwrap()
+        };
+        for target in [Target::CpuHeap, Target::Device] {
+            let (composed, fused) = (
+                estimate(&load("none"), target),
+                estimate(&load("blocks"), target),
+            );
+            assert_eq!(composed.floor, fused.floor, "{}", path.display());
+            for e in [composed, fused] {
+                assert!(
+                    e.device_peak_bytes >= e.floor.total(),
+                    "{}: {} < floor {}",
+                    path.display(),
+                    e.device_peak_bytes,
+                    e.floor.total()
+                );
+            }
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 11, "the shipped configs");
+}
