@@ -128,6 +128,9 @@ compare free-cache configs/amp.toml configs/amp-free-cache.toml --backend cpu --
 # 6. Beyond the article
 compare checkpointing configs/mobilenet.toml configs/mobilenet-checkpointing.toml \
   --backend cpu --steps 20
+compare fused configs/f32.toml configs/amp.toml configs/mobilenet.toml \
+  configs/mobilenet-amp.toml --backend cpu --steps 3 --set data.eval_size=128 \
+  --sweep memory.fuse=none,blocks
 output find-batch-size trainer find-batch-size --config configs/mobilenet.toml --backend cpu \
   --budget 512MiB --set data.train_size=1024 --set data.eval_size=64
 output oom-diagnosis trainer --config configs/mobilenet.toml --backend cpu \
