@@ -51,6 +51,14 @@ fn run(
         floor <= training && training <= floor_ratio * floor,
         "{name}: training peak {training}, floor {floor}"
     );
+    // The target for fused runs: the estimate within 10% of the training peak.
+    let predicted_training = s["predicted_training_peak_bytes"].as_f64().unwrap();
+    if fuse.ends_with("blocks") {
+        assert!(
+            (predicted_training / training - 1.0).abs() < 0.10,
+            "{name}: predicted {predicted_training} vs training peak {training}"
+        );
+    }
     (peak, predicted, losses(&out_dir(name)))
 }
 
