@@ -175,6 +175,14 @@ struct Op {
     after_relu: bool,
 }
 
+impl Op {
+    /// What the op keeps for backward at micro-batch `b`, with `compute` bytes per activation
+    /// element and `index` per max-pool index.
+    fn saved_bytes(&self, b: u64, compute: u64, index: u64) -> u64 {
+        b * (self.saves * compute + self.indices * index + self.bytes)
+    }
+}
+
 fn op(group: &str, saves: u64, input: u64, output: u64) -> Op {
     Op {
         group: group.into(),
@@ -335,7 +343,7 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
 /// the CPU backend's bf16 kernels make (Flex converts bf16 arguments to f32), `cpu` the
 /// realigned copies of [`Op::cpu_copy`].
 fn backward_excess(ops: &[Op], b: u64, compute: u64, index: u64, bf16_f32: bool, cpu: bool) -> u64 {
-    let saved = |o: &Op| b * (o.saves * compute + o.indices * index + o.bytes);
+    let saved = |o: &Op| o.saved_bytes(b, compute, index);
     let mut alive: u64 = ops.iter().map(saved).sum();
     let forward_end = alive;
     let mut peak = forward_end;
@@ -405,7 +413,7 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
     };
     let mut activations: Vec<Line> = Vec::new();
     for o in &ops {
-        let bytes = b * (o.saves * compute + o.indices * index + o.bytes);
+        let bytes = o.saved_bytes(b, compute, index);
         let elements = b * (o.saves + o.indices + o.bytes);
         match activations.last_mut() {
             Some(last) if last.what == o.group => {
@@ -499,7 +507,7 @@ fn floor(
 ) -> Floor {
     let fused = settings.model.clone().fused(true);
     let (ops, ..) = tape(&fused, settings.input_size, settings.num_classes);
-    let saved = |o: &Op| b * (o.saves * compute + o.indices * index + o.bytes);
+    let saved = |o: &Op| o.saved_bytes(b, compute, index);
     // Walking backward: before an op's backward, it and every op before it still hold theirs.
     let mut alive: u64 = ops.iter().map(saved).sum::<u64>() + logits;
     let (mut worst_saved, mut worst_gradient) = (alive, 0);
