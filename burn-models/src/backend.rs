@@ -1,6 +1,7 @@
 //! The backends the models run on: any Burn backend that can run oomlab's own autodiff ops:
 //! [batch norm](crate::batch_norm), the fused blocks ([conv → BN → ReLU](crate::conv_bn_relu),
-//! [conv → ReLU → max-pool](crate::conv_relu_pool)) and [layer boundaries](crate::boundary).
+//! [conv → ReLU → max-pool](crate::conv_relu_pool)), the [sliced linear
+//! layer](crate::sliced_linear) and [layer boundaries](crate::boundary).
 //!
 //! Plain backends (Flex, CUDA, wgpu) get the composed defaults; [`Autodiff`] overrides them
 //! with single graph ops whose backward is written out.
@@ -8,13 +9,15 @@
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::Autodiff;
 use burn::tensor::backend::Backend;
-use burn::tensor::ops::{ConvOptions, FloatTensor};
-use burn::tensor::DType;
+use burn::tensor::ops::{ConvOptions, FloatTensor, IntTensor};
+use burn::tensor::{DType, Slice, TensorMetadata};
 
 use crate::batch_norm::{self, BatchNormOutput};
 use crate::boundary::{self, Boundary};
 use crate::conv_bn_relu;
 use crate::conv_relu_pool;
+use crate::flex;
+use crate::sliced_linear;
 
 /// A backend for [`SimpleModel`](crate::SimpleModel) and [`MobileNet`](crate::MobileNet).
 pub trait ModelBackend: Backend {
@@ -56,6 +59,38 @@ pub trait ModelBackend: Backend {
         conv_relu_pool::conv_relu_pool_plain::<Self>(x, weight, bias, options, k)
     }
 
+    /// `x · W + b`, with `weight` (`[in, out]`) and `bias` cast to the dtype of `x`. Under
+    /// autodiff, one op ([`sliced_linear`](crate::sliced_linear)) that keeps no half copy of
+    /// the weight and makes the input gradient a slice of rows at a time.
+    fn sliced_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        sliced_linear::linear_plain::<Self>(x, weight, bias)
+    }
+
+    /// `whole` with rows `start..` of its first axis replaced by `part`: how the fused ops
+    /// fill a batch-sized result slice by slice. In place where the backend can.
+    fn float_write_rows(
+        whole: FloatTensor<Self>,
+        start: usize,
+        part: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let len = part.shape().dims::<1>()[0];
+        Self::float_slice_assign(whole, &[Slice::from(start..start + len)], part)
+    }
+
+    /// [`float_write_rows`](Self::float_write_rows) for int tensors.
+    fn int_write_rows(
+        whole: IntTensor<Self>,
+        start: usize,
+        part: IntTensor<Self>,
+    ) -> IntTensor<Self> {
+        let len = part.shape().dims::<1>()[0];
+        Self::int_slice_assign(whole, &[Slice::from(start..start + len)], part)
+    }
+
     /// `x` unchanged. Under autodiff, the [boundary listener](crate::boundary::listen) hears
     /// the forward pass cross `at` and, later, the backward pass; a plain backend (inference)
     /// has no backward to pair with and reports nothing.
@@ -64,7 +99,23 @@ pub trait ModelBackend: Backend {
     }
 }
 
-impl ModelBackend for burn::backend::Flex {}
+impl ModelBackend for burn::backend::Flex {
+    fn float_write_rows(
+        whole: FloatTensor<Self>,
+        start: usize,
+        part: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        flex::write_rows(whole, start, part)
+    }
+
+    fn int_write_rows(
+        whole: IntTensor<Self>,
+        start: usize,
+        part: IntTensor<Self>,
+    ) -> IntTensor<Self> {
+        flex::write_rows(whole, start, part)
+    }
+}
 impl ModelBackend for burn::backend::Cuda {}
 impl ModelBackend for burn::backend::Wgpu {}
 
@@ -99,6 +150,14 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
         k: usize,
     ) -> FloatTensor<Self> {
         conv_relu_pool::conv_relu_pool_autodiff::<B, C>(x, weight, bias, options, k)
+    }
+
+    fn sliced_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        sliced_linear::linear_autodiff::<B, C>(x, weight, bias)
     }
 
     fn boundary(x: FloatTensor<Self>, at: Boundary) -> FloatTensor<Self> {

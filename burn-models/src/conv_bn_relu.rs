@@ -12,6 +12,8 @@
 //! forward   z = conv(x, w)     y = BN(z)     out = relu(y)        keeps x, z, μ, 1/σ
 //! backward  y = BN(z) again → dy = dout·[y > 0] → dz, dγ, dβ (BN) → dx, dw (conv)
 //! ```
+//! The conv computes in the input's dtype; the weight may come as the f32 master copy and is
+//! cast inside the op (forward and again in backward), so no half copy of it is kept.
 //! Everything is written over backend primitives, so it runs on Flex, CUDA and wgpu alike.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -21,9 +23,10 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{ConvOptions, FloatTensor};
-use burn::tensor::DType;
+use burn::tensor::{DType, TensorMetadata};
 
 use crate::batch_norm::{self, BatchNormOutput, SavedStats};
+use crate::precision::cast_prim;
 
 /// The composed block, for backends without an autodiff graph.
 pub(crate) fn conv_bn_relu_plain<B: Backend>(
@@ -35,6 +38,7 @@ pub(crate) fn conv_bn_relu_plain<B: Backend>(
     work: DType,
     epsilon: f64,
 ) -> BatchNormOutput<B> {
+    let weight = cast_prim::<B>(weight, x.dtype());
     let z = B::conv2d(x, weight, None, options);
     let bn = batch_norm::batch_norm_plain::<B>(z, gamma, beta, work, epsilon);
     BatchNormOutput {
@@ -73,12 +77,16 @@ impl<B: Backend> Backward<B, 4> for ConvBnReluBackward {
         let dy = B::relu_backward(y, dout);
         let [dz, dgamma, dbeta] = batch_norm::backward::<B>(saved.z, gamma, &saved.stats, dy);
 
+        // The weight as forward used it: cast again from the master copy, not kept.
+        let master = w.dtype();
+        let w = cast_prim::<B>(w, x.dtype());
         if let Some(node) = node_x {
             let dx = B::conv2d_x_backward(x.clone(), w.clone(), dz.clone(), saved.options.clone());
             grads.register::<B>(node.id, dx);
         }
         if let Some(node) = node_w {
-            grads.register::<B>(node.id, B::conv2d_weight_backward(x, w, dz, saved.options));
+            let dw = B::conv2d_weight_backward(x, w, dz, saved.options);
+            grads.register::<B>(node.id, cast_prim::<B>(dw, master));
         }
         for (node, g) in [(node_gamma, dgamma), (node_beta, dbeta)] {
             if let Some(node) = node {
@@ -101,7 +109,7 @@ pub(crate) fn conv_bn_relu_autodiff<B: Backend, C: CheckpointStrategy>(
 ) -> BatchNormOutput<Autodiff<B, C>> {
     let z = B::conv2d(
         x.primitive.clone(),
-        weight.primitive.clone(),
+        cast_prim::<B>(weight.primitive.clone(), x.primitive.dtype()),
         None,
         options.clone(),
     );

@@ -21,9 +21,12 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, FloatTensor, IntTensor, MaxPool2dWithIndices};
-use burn::tensor::{DType, FloatDType, Int, IntDType, Tensor, TensorMetadata};
+use burn::tensor::{Int, IntDType, Tensor, TensorMetadata};
 
+use crate::backend::ModelBackend;
 use crate::batch_norm::{float, prim};
+use crate::precision::cast_prim;
+use crate::slices::{accumulate, assign, assign_int, int_rows, rows, slices};
 
 /// The composed block, for backends without an autodiff graph.
 pub(crate) fn conv_relu_pool_plain<B: Backend>(
@@ -33,6 +36,10 @@ pub(crate) fn conv_relu_pool_plain<B: Backend>(
     options: ConvOptions<2>,
     k: usize,
 ) -> FloatTensor<B> {
+    let (weight, bias) = (
+        cast_prim::<B>(weight, x.dtype()),
+        cast_prim::<B>(bias, x.dtype()),
+    );
     let z = B::relu(B::conv2d(x, weight, Some(bias), options));
     B::max_pool2d(z, [k, k], [k, k], [0, 0], [1, 1], false)
 }
@@ -94,49 +101,10 @@ struct Saved<B: Backend> {
     k: usize,
 }
 
-/// Images per slice of the batch: a slice's conv output stays near 2¹⁸ values (1 MiB in f32).
-/// The backend's conv kernels make scratch in proportion to the batch they get (Flex's weight
-/// gradient: about twice the conv output), so the op feeds them one slice at a time.
-pub const SLICE_VALUES: usize = 1 << 18;
-
-/// `(start, length)` of each slice of a batch of `batch` images of `per_image` values.
-fn slices(batch: usize, per_image: usize) -> impl Iterator<Item = (usize, usize)> {
-    let per = (SLICE_VALUES / per_image.max(1)).clamp(1, batch.max(1));
-    (0..batch)
-        .step_by(per)
-        .map(move |s| (s, per.min(batch - s)))
-}
-
-fn rows<B: Backend>(t: &FloatTensor<B>, start: usize, len: usize) -> FloatTensor<B> {
-    prim(float::<B, 4>(t.clone()).narrow(0, start, len))
-}
-
-fn int_rows<B: Backend>(t: &IntTensor<B>, start: usize, len: usize) -> Tensor<B, 4, Int> {
-    Tensor::<B, 4, Int>::from_primitive(t.clone()).narrow(0, start, len)
-}
-
-/// `a + b` in f32, where `a` may not exist yet: half-precision slices are summed without
-/// rounding to half at every slice.
-fn accumulate<B: Backend>(a: Option<FloatTensor<B>>, b: FloatTensor<B>) -> FloatTensor<B> {
-    let b = B::float_cast(b, FloatDType::F32);
-    match a {
-        Some(a) => B::float_add(a, b),
-        None => b,
-    }
-}
-
-/// `t` (an f32 sum of slices) in `like`'s dtype.
-fn cast_like<B: Backend>(t: FloatTensor<B>, like: &FloatTensor<B>) -> FloatTensor<B> {
-    match like.dtype() {
-        DType::F32 => t,
-        dtype => B::float_cast(t, dtype.into()),
-    }
-}
-
 #[derive(Debug)]
 struct ConvReluPoolBackward;
 
-impl<B: Backend> Backward<B, 3> for ConvReluPoolBackward {
+impl<B: ModelBackend> Backward<B, 3> for ConvReluPoolBackward {
     type State = ([NodeId; 3], Saved<B>);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, ckpt: &mut Checkpointer) {
@@ -146,22 +114,26 @@ impl<B: Backend> Backward<B, 3> for ConvReluPoolBackward {
         let x = ckpt.retrieve_node_output::<FloatTensor<B>>(x_id);
         let w = ckpt.retrieve_node_output::<FloatTensor<B>>(w_id);
         let b = ckpt.retrieve_node_output::<FloatTensor<B>>(b_id);
+        // The gradients go back in the parameters' dtype (f32 master weights); the conv
+        // runs on them cast again to the input's dtype, as forward did.
+        let like = (w.dtype(), b.dtype());
+        let (w, b) = (cast_prim::<B>(w, x.dtype()), cast_prim::<B>(b, x.dtype()));
 
         let (k, opts) = (saved.k, saved.options);
         let [n, c, ho, wo] = dout.shape().dims();
-        let (mut dw, mut db, mut dx) = (None, None, Vec::new());
+        let (mut dw, mut db, mut dx) = (None, None, None);
         // Slice by slice: the conv output's gradient exists for one slice at a time.
         for (start, len) in slices(n, c * ho * wo * k * k) {
             let g = B::relu_backward(
-                rows::<B>(&saved.out, start, len),
-                rows::<B>(&dout, start, len),
+                rows::<B, 4>(&saved.out, start, len),
+                rows::<B, 4>(&dout, start, len),
             );
             let positions = int_rows::<B>(&saved.positions, start, len).into_primitive();
             let dz = prim(unpool::<B>(float(g), positions, k));
-            let xs = rows::<B>(&x, start, len);
+            let xs = rows::<B, 4>(&x, start, len);
             if node_x.is_some() {
                 let dxs = B::conv2d_x_backward(xs.clone(), w.clone(), dz.clone(), opts.clone());
-                dx.push(float::<B, 4>(dxs));
+                dx = Some(assign(dx, n, start, float::<B, 4>(dxs)));
             }
             if node_b.is_some() {
                 let dbs = B::conv2d_bias_backward(xs.clone(), b.clone(), dz.clone());
@@ -172,19 +144,19 @@ impl<B: Backend> Backward<B, 3> for ConvReluPoolBackward {
                 dw = Some(accumulate::<B>(dw, dws));
             }
         }
-        if let Some(node) = node_x {
-            grads.register::<B>(node.id, prim(Tensor::cat(dx, 0)));
+        if let (Some(node), Some(dx)) = (node_x, dx) {
+            grads.register::<B>(node.id, prim(dx));
         }
-        for (node, g, like) in [(node_w, dw, &w), (node_b, db, &b)] {
+        for (node, g, dtype) in [(node_w, dw, like.0), (node_b, db, like.1)] {
             if let (Some(node), Some(g)) = (node, g) {
-                grads.register::<B>(node.id, cast_like::<B>(g, like));
+                grads.register::<B>(node.id, cast_prim::<B>(g, dtype));
             }
         }
     }
 }
 
 /// The forward pass slice by slice: the output, and the winners' window positions.
-fn forward_sliced<B: Backend>(
+fn forward_sliced<B: ModelBackend>(
     x: &FloatTensor<B>,
     weight: &FloatTensor<B>,
     bias: &FloatTensor<B>,
@@ -193,13 +165,15 @@ fn forward_sliced<B: Backend>(
 ) -> (FloatTensor<B>, IntTensor<B>) {
     let [n, _, h, w] = x.shape().dims();
     let [c_out, _, _, _] = weight.shape().dims();
+    let weight = &cast_prim::<B>(weight.clone(), x.dtype());
+    let bias = &cast_prim::<B>(bias.clone(), x.dtype());
     // Each slice is written into one output allocated at the first slice: collecting the
     // slices and concatenating them would hold the pooled output twice at the end.
-    let mut full: Option<(Tensor<B, 4>, Tensor<B, 4, Int>)> = None;
+    let (mut all_out, mut all_pos) = (None, None);
     // The full-resolution conv output exists for one slice at a time.
     for (start, len) in slices(n, c_out * h * w) {
         let z = B::conv2d(
-            rows::<B>(x, start, len),
+            rows::<B, 4>(x, start, len),
             weight.clone(),
             Some(bias.clone()),
             options.clone(),
@@ -209,31 +183,18 @@ fn forward_sliced<B: Backend>(
             B::max_pool2d_with_indices(z, [k, k], [k, k], [0, 0], [1, 1], false);
         let out = float::<B, 4>(B::relu(output));
         let pos = Tensor::<B, 4, Int>::from_primitive(window_positions::<B>(indices, width, k));
-        if len == n {
-            return (prim(out), pos.into_primitive());
-        }
-        let (all_out, all_pos) = full.take().unwrap_or_else(|| {
-            let [_, c, ho, wo] = out.dims();
-            let device = out.device();
-            (
-                Tensor::empty([n, c, ho, wo], (&device, out.dtype())),
-                Tensor::empty([n, c, ho, wo], (&device, pos.dtype())),
-            )
-        });
-        let range = start..start + len;
-        full = Some((
-            all_out.slice_assign([range.clone()], out),
-            all_pos.slice_assign([range], pos),
-        ));
+        all_out = Some(assign(all_out, n, start, out));
+        all_pos = Some(assign_int(all_pos, n, start, pos));
     }
-    let (out, pos) = full.expect("a batch has at least one image, so one slice");
+    let out = all_out.expect("a batch has at least one image, so one slice");
+    let pos = all_pos.expect("a batch has at least one image, so one slice");
     (prim(out), pos.into_primitive())
 }
 
 /// The block as one autodiff op. The conv output's height and width must be multiples of
 /// `k` (the layer falls back to the composed ops otherwise). With nothing to differentiate,
 /// the composed forward: no positions to keep.
-pub(crate) fn conv_relu_pool_autodiff<B: Backend, C: CheckpointStrategy>(
+pub(crate) fn conv_relu_pool_autodiff<B: ModelBackend, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     weight: FloatTensor<Autodiff<B, C>>,
     bias: FloatTensor<Autodiff<B, C>>,

@@ -70,10 +70,11 @@ pub fn conv_relu_pool<B: ModelBackend>(
     match (&layer.bias, windows) {
         (Some(bias), true) => {
             let prim = |t: Tensor<B, 4>| t.into_primitive().tensor();
+            // The f32 weights go in as they are: the op casts them, keeping no half copy.
             let out = B::conv_relu_pool(
                 prim(p.compute(x)),
-                prim(p.compute(layer.weight.val())),
-                p.compute(bias.val()).into_primitive().tensor(),
+                prim(layer.weight.val()),
+                bias.val().into_primitive().tensor(),
                 options,
                 k,
             );
@@ -90,6 +91,29 @@ pub fn linear<B: Backend>(p: &Precision, layer: &Linear<B>, x: Tensor<B, 2>) -> 
         p.compute(layer.weight.val()),
         layer.bias.as_ref().map(|b| p.compute(b.val())),
     )
+}
+
+/// A linear layer computed in the policy's compute dtype as one op
+/// ([`sliced_linear`](crate::sliced_linear)): the f32 weight is cast inside it, so no half
+/// copy is kept, and backward makes the input gradient a slice of rows at a time. Same
+/// function as [`linear`]; a layer without bias takes [`linear`].
+///
+/// # Shapes
+/// `[batch, in]` → `[batch, out]`
+pub fn linear_fused<B: ModelBackend>(
+    p: &Precision,
+    layer: &Linear<B>,
+    x: Tensor<B, 2>,
+) -> Tensor<B, 2> {
+    let Some(bias) = &layer.bias else {
+        return linear(p, layer, x);
+    };
+    let out = B::sliced_linear(
+        p.compute(x).into_primitive().tensor(),
+        layer.weight.val().into_primitive().tensor(),
+        bias.val().into_primitive().tensor(),
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
 /// Batch norm computed in the policy's batch-norm dtype; the result returns in the dtype it
@@ -148,7 +172,7 @@ pub fn conv_bn_relu<B: ModelBackend>(
     let prim = |t: Tensor<B, 4>| t.into_primitive().tensor();
     let out = B::conv_bn_relu_train(
         prim(p.compute(x)),
-        prim(p.compute(conv.weight.val())),
+        prim(conv.weight.val()), // cast inside the op, no half copy kept
         bn.gamma.val().into_primitive().tensor(),
         bn.beta.val().into_primitive().tensor(),
         conv_options(conv),

@@ -9,10 +9,13 @@ pub mod batch_norm;
 pub mod boundary;
 pub mod conv_bn_relu;
 pub mod conv_relu_pool;
+mod flex;
 pub mod layers;
 pub mod mobilenet;
 pub mod precision;
 pub mod simple;
+pub mod sliced_linear;
+pub mod slices;
 
 pub use backend::ModelBackend;
 pub use boundary::{mark, Boundary};

@@ -82,8 +82,9 @@ pub struct MobileNetConfig {
     /// Stride of the stem conv: 2 as in the paper, 1 keeps resolution for 32×32 inputs.
     #[config(default = 2)]
     pub stem_stride: usize,
-    /// Every conv → BN → ReLU as one op ([`conv_bn_relu`](crate::conv_bn_relu)); same
-    /// function, same gradients, less kept for backward.
+    /// Every conv → BN → ReLU as one op ([`conv_bn_relu`](crate::conv_bn_relu)), and the
+    /// classifier as [`sliced_linear`](crate::sliced_linear); same function, same gradients,
+    /// less kept for backward.
     #[config(default = false)]
     pub fuse: bool,
 }
@@ -139,6 +140,7 @@ impl MobileNetConfig {
             stem,
             blocks,
             fc: LinearConfig::new(c_in, self.num_classes).init(device),
+            fuse: self.fuse,
         })
     }
 }
@@ -233,6 +235,7 @@ pub struct MobileNet<B: Backend> {
     stem: ConvBn<B>,
     blocks: Vec<DepthwiseSeparable<B>>,
     fc: Linear<B>,
+    fuse: bool,
 }
 
 impl<B: Backend> MobileNet<B> {
@@ -269,7 +272,11 @@ impl<B: ModelBackend> MobileNet<B> {
     pub fn forward(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 2> {
         let x = layers::global_avg_pool(self.features(images, p)); // [B, 1024α]
         let x = mark(x, Boundary("pool"));
-        let x = mark(layers::linear(p, &self.fc, x), Boundary("fc")); // [B, classes]
+        let x = match self.fuse {
+            true => layers::linear_fused(p, &self.fc, x),
+            false => layers::linear(p, &self.fc, x),
+        };
+        let x = mark(x, Boundary("fc")); // [B, classes]
         p.output(x)
     }
 }

@@ -6,7 +6,8 @@
 //! so the f32 policy adds no work. Which *training* precisions exist, and how parameters are
 //! stored, is the trainer's business: models only apply the policy.
 
-use burn::tensor::{backend::Backend, DType, Tensor};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{backend::Backend, DType, Tensor, TensorMetadata};
 
 /// Where each layer family computes. Passed to every model's `forward`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +66,17 @@ pub fn cast<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: DType) -> Tensor
         x
     } else {
         x.cast(dtype)
+    }
+}
+
+/// A primitive in `dtype` (the identity when it already has it). The fused ops take the f32
+/// master weights and cast them here, inside the op, so autodiff keeps no half copy of them:
+/// backward casts them again.
+pub(crate) fn cast_prim<B: Backend>(t: FloatTensor<B>, dtype: DType) -> FloatTensor<B> {
+    if t.dtype() == dtype {
+        t
+    } else {
+        B::float_cast(t, dtype.into())
     }
 }
 

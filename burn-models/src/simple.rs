@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! [B,3,32,32] → Conv2d 3→64 k3 p1 → ReLU → MaxPool 2×2 → flatten → Linear 64·16·16 → 10
-//!               └──────── one op when fused (conv_relu_pool) ────────┘
+//!               └──────── one op when fused (conv_relu_pool) ────────┘           └──── one op ────┘
 //! ```
+//! Fused, the classifier is one op too ([`sliced_linear`](crate::sliced_linear)).
 
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
@@ -21,7 +22,8 @@ pub struct SimpleModelConfig {
     #[config(default = 10)]
     pub num_classes: usize,
     /// Conv → ReLU → max-pool as one op that keeps no full-resolution tensor for backward
-    /// ([`conv_relu_pool`](crate::conv_relu_pool)); same function, same gradients.
+    /// ([`conv_relu_pool`](crate::conv_relu_pool)), and the classifier as
+    /// [`sliced_linear`](crate::sliced_linear); same function, same gradients.
     #[config(default = false)]
     pub fuse: bool,
 }
@@ -82,7 +84,11 @@ impl<B: ModelBackend> SimpleModel<B> {
     /// `[batch, 3, 32, 32]` → `[batch, num_classes]`
     pub fn forward(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 2> {
         let x = self.features(images, p).flatten(1, 3); // [B, 16384]
-        let x = mark(layers::linear(p, &self.fc, x), Boundary("fc")); // [B, classes]
+        let x = match self.fuse {
+            true => layers::linear_fused(p, &self.fc, x),
+            false => layers::linear(p, &self.fc, x),
+        };
+        let x = mark(x, Boundary("fc")); // [B, classes]
         p.output(x)
     }
 }

@@ -1,0 +1,123 @@
+//! A linear layer as one autodiff op whose backward makes its input gradient a slice of rows at
+//! a time, and which keeps no half copy of its weight.
+//!
+//! Composed, backward computes `dx = dy · Wᵀ` for the whole batch in one matmul. SimpleModel's
+//! classifier reads 16,384 features per image, so `dx` is as large as the pooled feature maps,
+//! and the CPU backend's matmul copies its output once more to realign it: the input gradient
+//! existed twice at the worst instant of backward. Here each slice's `dx` is written into one
+//! tensor allocated at the first slice, after the weight gradient, which is summed over the
+//! slices in f32 (so a half-precision CPU kernel's f32 copy of its operand is a slice's too).
+//!
+//! ```text
+//! forward   out = x · cast(W) + cast(b)                     keeps x, W (the f32 master), b
+//! backward  dW = (Σᵢ dyᵢᵀ · xᵢ)ᵀ      db = Σ dy      then per slice: dxᵢ = dyᵢ · cast(W)ᵀ
+//! ```
+//! Written over backend primitives: the same on Flex, CUDA and wgpu.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::{Autodiff, NodeId};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, TensorMetadata};
+
+use crate::backend::ModelBackend;
+use crate::batch_norm::{float, prim};
+use crate::precision::cast_prim;
+use crate::slices::{accumulate, assign, rows, slices};
+
+/// `x · W + b` with `W` and `b` cast to the dtype of `x`, a slice of rows at a time (the CPU
+/// backend's half-precision matmul works on an f32 copy of its operand: a slice's, then).
+///
+/// # Shapes
+/// `x [batch, in]`, `weight [in, out]`, `bias [out]` → `[batch, out]`
+pub(crate) fn linear_plain<B: ModelBackend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let dtype = x.dtype();
+    let w = float::<B, 2>(cast_prim::<B>(weight, dtype));
+    let b = float::<B, 1>(cast_prim::<B>(bias, dtype)).unsqueeze::<2>();
+    let [n, features] = x.shape().dims();
+    let mut out = None;
+    for (start, len) in slices(n, features) {
+        let xs = float::<B, 2>(rows::<B, 2>(&x, start, len));
+        out = Some(assign(out, n, start, xs.matmul(w.clone()) + b.clone()));
+    }
+    prim(out.expect("a batch has at least one row, so one slice"))
+}
+
+#[derive(Debug)]
+struct LinearBackward;
+
+impl<B: ModelBackend> Backward<B, 3> for LinearBackward {
+    type State = [NodeId; 3];
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, ckpt: &mut Checkpointer) {
+        let [node_x, node_w, node_b] = ops.parents;
+        let dout = grads.consume::<B>(&ops.node);
+        let [x_id, w_id, b_id] = ops.state;
+        let x = ckpt.retrieve_node_output::<FloatTensor<B>>(x_id);
+        let w = ckpt.retrieve_node_output::<FloatTensor<B>>(w_id);
+        let b = ckpt.retrieve_node_output::<FloatTensor<B>>(b_id);
+        let (like_w, like_b) = (w.dtype(), b.dtype());
+        let wt = float::<B, 2>(cast_prim::<B>(w, x.dtype())).transpose();
+
+        let [n, features] = x.shape().dims();
+        // The weight gradient first, while the input gradient does not exist yet: a slice of
+        // the batch at a time, as (dyᵢᵀ · xᵢ), summed in f32 and transposed at the end (a view).
+        if let Some(node) = node_w {
+            let mut dwt = None;
+            for (start, len) in slices(n, features) {
+                let dyt = float::<B, 2>(rows::<B, 2>(&dout, start, len)).transpose();
+                let xs = float::<B, 2>(rows::<B, 2>(&x, start, len));
+                dwt = Some(accumulate::<B>(dwt, prim(dyt.matmul(xs))));
+            }
+            let dwt = dwt.expect("a batch has at least one row, so one slice");
+            let dw = prim(float::<B, 2>(dwt).transpose());
+            grads.register::<B>(node.id, cast_prim::<B>(dw, like_w));
+        }
+        if let Some(node) = node_x {
+            let mut dx = None;
+            for (start, len) in slices(n, features) {
+                let dy = float::<B, 2>(rows::<B, 2>(&dout, start, len));
+                dx = Some(assign(dx, n, start, dy.matmul(wt.clone())));
+            }
+            let dx = dx.expect("a batch has at least one row, so one slice");
+            grads.register::<B>(node.id, prim(dx));
+        }
+        if let Some(node) = node_b {
+            // Summed in f32: a half-precision sum over a large batch loses digits.
+            let dy = float::<B, 2>(cast_prim::<B>(dout, DType::F32));
+            let db = dy.sum_dim(0).squeeze::<1>();
+            grads.register::<B>(node.id, cast_prim::<B>(prim(db), like_b));
+        }
+    }
+}
+
+/// The layer as one autodiff op (see the module's text).
+pub(crate) fn linear_autodiff<B: ModelBackend, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    weight: FloatTensor<Autodiff<B, C>>,
+    bias: FloatTensor<Autodiff<B, C>>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let out = linear_plain::<B>(
+        x.primitive.clone(),
+        weight.primitive.clone(),
+        bias.primitive.clone(),
+    );
+    let parents = [x.node.clone(), weight.node.clone(), bias.node.clone()];
+    match LinearBackward
+        .prepare::<C>(parents)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(mut prep) => {
+            let ids = [&x, &weight, &bias].map(|t| prep.checkpoint(t));
+            prep.finish(ids, out)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    }
+}

@@ -1,0 +1,114 @@
+//! Working a batch a slice of images at a time, so that what an op makes for a slice (the
+//! full-resolution conv output, a kernel's scratch, a matmul's output) never exists for the
+//! whole batch at once. Results of a slice are written into one tensor allocated at the first
+//! slice, or summed in f32.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{Element, FloatDType, Int, Numeric, Tensor};
+
+use crate::backend::ModelBackend;
+use crate::batch_norm::{float, prim};
+
+/// Values per slice: about 2¹⁸ (1 MiB in f32) of the largest tensor an op makes per slice.
+/// The backend's kernels make scratch in proportion to the batch they get (Flex's conv weight
+/// gradient: about twice the conv output; its matmul: a realigning copy of the output), so
+/// the fused ops feed them one slice at a time.
+pub const SLICE_VALUES: usize = 1 << 16;
+
+/// `(start, length)` of each slice of a batch of `batch` images of `per_image` values: at
+/// least one image per slice, every image in exactly one.
+pub(crate) fn slices(batch: usize, per_image: usize) -> impl Iterator<Item = (usize, usize)> {
+    let per = (SLICE_VALUES / per_image.max(1)).clamp(1, batch.max(1));
+    (0..batch)
+        .step_by(per)
+        .map(move |s| (s, per.min(batch - s)))
+}
+
+/// Images `start..start + len` of a float tensor (a view).
+pub(crate) fn rows<B: Backend, const D: usize>(
+    t: &FloatTensor<B>,
+    start: usize,
+    len: usize,
+) -> FloatTensor<B> {
+    prim(float::<B, D>(t.clone()).narrow(0, start, len))
+}
+
+/// Images `start..start + len` of an int tensor (a view).
+pub(crate) fn int_rows<B: Backend>(
+    t: &IntTensor<B>,
+    start: usize,
+    len: usize,
+) -> Tensor<B, 4, Int> {
+    Tensor::<B, 4, Int>::from_primitive(t.clone()).narrow(0, start, len)
+}
+
+/// `a + b` in f32, where `a` may not exist yet: half-precision slices are summed without
+/// rounding to half at every slice.
+pub(crate) fn accumulate<B: Backend>(
+    a: Option<FloatTensor<B>>,
+    b: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let b = B::float_cast(b, FloatDType::F32);
+    match a {
+        Some(a) => B::float_add(a, b),
+        None => b,
+    }
+}
+
+/// Writes slice `part` (images `start..`) into `whole`, made at the first slice with the
+/// batch's `n` images and the slice's other dimensions and dtype, through
+/// [`ModelBackend::float_write_rows`] (in place where the backend can), so that the whole
+/// exists once, not beside a list of its slices.
+pub(crate) fn assign<B: ModelBackend, const D: usize>(
+    whole: Option<Tensor<B, D>>,
+    n: usize,
+    start: usize,
+    part: Tensor<B, D>,
+) -> Tensor<B, D> {
+    let whole = match first(whole, n, &part) {
+        Ok(whole) => whole,
+        Err(()) => return part, // one slice is the whole
+    };
+    float(B::float_write_rows(prim(whole), start, prim(part)))
+}
+
+/// [`assign`] for int tensors.
+pub(crate) fn assign_int<B: ModelBackend, const D: usize>(
+    whole: Option<Tensor<B, D, Int>>,
+    n: usize,
+    start: usize,
+    part: Tensor<B, D, Int>,
+) -> Tensor<B, D, Int> {
+    let whole = match first(whole, n, &part) {
+        Ok(whole) => whole,
+        Err(()) => return part,
+    };
+    let rows = B::int_write_rows(whole.into_primitive(), start, part.into_primitive());
+    Tensor::from_primitive(rows)
+}
+
+/// `whole`, or at the first slice a tensor for the whole batch; `Err` when the first slice
+/// is the whole batch already.
+fn first<B: Backend, const D: usize, K>(
+    whole: Option<Tensor<B, D, K>>,
+    n: usize,
+    part: &Tensor<B, D, K>,
+) -> Result<Tensor<B, D, K>, ()>
+where
+    K: Numeric<B>,
+    K::Elem: Element,
+{
+    if let Some(whole) = whole {
+        return Ok(whole);
+    }
+    let mut dims = part.dims();
+    if dims[0] == n {
+        return Err(());
+    }
+    dims[0] = n;
+    // `full`, not `empty`: Flex makes an empty tensor as a byte buffer and copies it to
+    // realign it, so for a moment it would exist twice; `full` allocates it typed (and on a
+    // GPU is one fill kernel).
+    Ok(Tensor::full(dims, 0, (&part.device(), part.dtype())))
+}
