@@ -69,6 +69,10 @@ pub struct Estimate {
     pub in_flight: Line,
     /// The data set held in host memory (on the CPU backend, the same heap).
     pub host_data: Line,
+    /// What the CPU runtime keeps from its first use on (gemm's packing slabs): made before
+    /// the resident baseline, so in the heap peak and not in the training peak. `None` on a
+    /// device.
+    pub cpu_runtime: Option<Line>,
     /// Device bytes at the peak: model state + saved activations + backward's in-flight bytes.
     pub device_peak_bytes: u64,
     /// The least a step of this model can peak at (see [`Floor`]); `device_peak_bytes` and a
@@ -86,9 +90,10 @@ impl Estimate {
         }
     }
 
-    /// The peak of the CPU heap: device bytes and the data set.
+    /// The peak of the CPU heap: device bytes, the data set and the runtime's slabs.
     fn heap_peak(&self) -> u64 {
-        self.device_peak_bytes + self.host_data.bytes
+        let runtime = self.cpu_runtime.as_ref().map_or(0, |l| l.bytes);
+        self.device_peak_bytes + self.host_data.bytes + runtime
     }
 
     /// A table for the terminal.
@@ -114,11 +119,19 @@ impl Estimate {
             ));
         }
         let activations: u64 = self.activations.iter().map(|l| l.bytes).sum();
+        let held = match &self.cpu_runtime {
+            Some(l) => format!(
+                "host data {} and {} {}",
+                human(self.host_data.bytes),
+                l.what,
+                human(l.bytes)
+            ),
+            None => format!("host data {}", human(self.host_data.bytes)),
+        };
         out.push_str(&format!(
-            "saved activations {}; device peak {}; host data {} (the CPU heap peak also holds it: {})\n",
+            "saved activations {}; device peak {}; {held} (the CPU heap peak also holds them: {})\n",
             human(activations),
             human(self.device_peak_bytes),
-            human(self.host_data.bytes),
             human(self.heap_peak())
         ));
         let f = &self.floor;
@@ -134,6 +147,9 @@ impl Estimate {
         out
     }
 }
+
+/// Values per slice of the fused ops' batch slices.
+const SLICE_VALUES: u64 = burn_models::slices::SLICE_VALUES as u64;
 
 /// Bytes per element of the layers' compute dtype and of the parameters.
 fn dtype_bytes(settings: &Settings) -> (u64, u64) {
@@ -173,6 +189,9 @@ struct Op {
     cpu_copy: u64,
     bf16_f32: u64,
     after_relu: bool,
+    /// Weight elements whose gradient the op sums over batch slices before it makes its
+    /// input gradient (`sliced_linear`).
+    weight_sum: u64,
 }
 
 impl Op {
@@ -196,6 +215,7 @@ fn op(group: &str, saves: u64, input: u64, output: u64) -> Op {
         cpu_copy: 0,
         bf16_f32: 0,
         after_relu: false,
+        weight_sum: 0,
     }
 }
 
@@ -217,8 +237,14 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
             if spec.is_fused() {
                 // The block keeps its output (for the ReLU's sign) until its own backward, after
                 // the linear layer's: counted here, and the linear layer keeps nothing more.
+                // Its backward works a slice of rows at a time (`sliced_linear`): the CPU's
+                // realigning copy and bf16's f32 copies are a slice's, not the batch's.
                 let linear = Op {
                     saves: 0,
+                    bf16_f32: 0,
+                    cpu_copy: 0,
+                    slice: 2 * SLICE_VALUES,
+                    weight_sum: c * pooled * k,
                     group: "linear (keeps its input: the block's output, counted above)".into(),
                     ..linear
                 };
@@ -227,7 +253,7 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
                     // Per slice of the batch: the conv output's gradient, the backend's weight
                     // gradient scratch (about twice that), the winners' mask and the output
                     // gradient's slice (3.5 slices, as measured on Flex in f32 and f16).
-                    slice: 7 * burn_models::conv_relu_pool::SLICE_VALUES as u64 / 2,
+                    slice: 7 * SLICE_VALUES / 2,
                     // (The CPU's bf16 copies are per slice too: within the slice scratch.)
                     ..op(
                         "conv+ReLU+max-pool (keeps the images, its output, 1 byte per output)",
@@ -361,6 +387,15 @@ fn backward_excess(ops: &[Op], b: u64, compute: u64, index: u64, bf16_f32: bool,
             // output (2 bytes), and `bf16_f32` already counts one f32 copy: 2 more.
             in_flight += b * o.cpu_copy * if bf16_f32 { 2 } else { 4 };
         }
+        if o.weight_sum > 0 {
+            // Before its input gradient, the op sums its weight gradient over slices: the f32
+            // sum and the add's result, a slice's product (twice on the CPU: the realigning
+            // copy) and, on the CPU in half precision, the f64 buffer Flex's f16 → f32 cast
+            // goes through.
+            let each =
+                8 + compute * if cpu { 2 } else { 1 } + if cpu && compute == 2 { 8 } else { 0 };
+            in_flight = in_flight.max(b * o.output * compute + o.weight_sum * each);
+        }
         peak = peak.max(alive + in_flight);
         alive -= saved(o);
     }
@@ -403,7 +438,11 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         model_state.push(line("accumulated gradients", params, pbytes));
     }
     let mode = settings.precision.mode;
-    if mode.half().is_some() && mode.master_weights() {
+    // The least model state: the fused ops cast the f32 weights themselves and keep no half
+    // copy, so the floor leaves the copies out.
+    let least_state = model_state.clone();
+    if mode.half().is_some() && mode.master_weights() && !settings.model.is_fused() {
+        // Composed, autodiff keeps each layer's input: the weight cast to half.
         model_state.push(line("half copies of conv/linear weights", weights, 2));
     }
     // Max-pool argmax indices are the backend's int: i64 on Flex, i32 on CubeCL (CUDA, wgpu).
@@ -453,11 +492,7 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         1 => params * pbytes,
         _ => 0,
     };
-    let floor = floor(settings, b, compute, index, logits, gradients, &model_state);
-    if cpu {
-        // Not the model's: what the CPU backend keeps once it has run (the floor leaves it out).
-        model_state.push(gemm_slabs());
-    }
+    let floor = floor(settings, b, compute, index, logits, gradients, &least_state);
     let device_peak_bytes = model_state
         .iter()
         .chain(&activations)
@@ -476,6 +511,8 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
             super::host::data_bytes(settings),
             1,
         ),
+        // Not the model's: what the CPU backend keeps once it has run.
+        cpu_runtime: cpu.then(gemm_slabs),
         device_peak_bytes,
         floor,
     }
@@ -484,11 +521,12 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
 /// gemm (Flex's matmul and conv) keeps a packing slab of one L2 cache's bytes per thread that
 /// has run it, for the thread's life: each rayon worker and the calling thread (3 MiB on a
 /// 2-core machine with 1 MiB of L2, found live beside the activations by an allocation trace).
+/// The heap probe makes them before it reads the resident baseline.
 fn gemm_slabs() -> Line {
     let threads = rayon::current_num_threads() as u64 + 1;
     let l2 = gemm_common::cache::CACHE_INFO[1].cache_bytes as u64;
     Line {
-        what: "CPU matmul packing slabs (gemm: one L2 per thread)".into(),
+        what: "CPU matmul packing slabs (gemm, one L2 per thread)".into(),
         elements: threads,
         bytes: threads * l2,
     }

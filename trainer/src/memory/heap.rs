@@ -88,6 +88,15 @@ impl Meter for Heap {
         })
     }
 
+    fn settle(&self) {
+        // gemm (Flex's matmul and conv) allocates a packing slab of one L2 cache per thread on
+        // its first use there and keeps it for the thread's life: the runtime's, not a step's,
+        // as a GPU context is. Made now on every rayon worker and this thread, it is resident.
+        let touch = || gemm_common::gemm::L2_SLAB.with(|_| ());
+        rayon::broadcast(|_| touch());
+        touch();
+    }
+
     fn window_start(&self) {
         reset_peak();
     }

@@ -25,6 +25,9 @@ pub trait Meter: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// The state now; `None` when the device cannot say (the sample is skipped).
     fn read(&self) -> Option<Reading>;
+    /// Makes the runtime's fixed workspace now, before the resident baseline is read, so that
+    /// the training peak counts what training adds (on the CPU: gemm's packing slabs).
+    fn settle(&self) {}
     /// A window begins (the heap restarts its exact peak here).
     fn window_start(&self) {}
     /// The exact peak since the window began, where the allocator keeps one.
@@ -107,6 +110,7 @@ impl<M: Meter> Drop for Probe<M> {
 
 impl<M: Meter> MemoryProbe for Probe<M> {
     fn resident(&mut self) {
+        self.shared.meter.settle();
         if let Some(r) = self.shared.meter.read() {
             self.shared.figures().resident = Some(r.in_use);
         }

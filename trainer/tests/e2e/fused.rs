@@ -63,8 +63,8 @@ fn run(
 }
 
 /// SimpleModel, f32, batch 128: the fused block keeps no full-resolution tensor, so the peak
-/// falls below 0.6× (measured 39.5 vs 127.9 MiB, 0.31×, on 2026-12-04); 20 losses agree to
-/// 1e-3 relative (the weight gradient is summed over slices of the batch in another order).
+/// falls below 0.6× (measured 0.25× in training peaks on 2026-12-04); 20 losses agree to
+/// 1e-3 relative (the weight gradients are summed over slices of the batch in another order).
 #[test]
 fn fused_simple_model_keeps_under_60_percent_and_learns_the_same() {
     let sets = ["data.train_size=1280"];
@@ -76,15 +76,15 @@ fn fused_simple_model_keeps_under_60_percent_and_learns_the_same() {
         &sets,
         f64::INFINITY,
     );
-    // On the CPU the fused run stays 1.47× its floor: Flex makes the linear layer's input
-    // gradient twice for a moment (a realigning copy), which the floor does not count.
+    // The target: within 1.15× the floor (measured 1.07× on 2026-12-04, with the
+    // classifier sliced and the batch's tensors filled in place).
     let (fused, predicted, fused_losses) = run(
         "fuse-simple-blocks",
         "configs/f32.toml",
         "20",
         "blocks",
         &sets,
-        1.6,
+        1.15,
     );
     assert!(fused <= 0.6 * plain, "fused {fused} vs composed {plain}");
     assert_eq!(plain_losses.len(), 20);
@@ -107,7 +107,7 @@ fn fused_mobilenet_keeps_less_and_learns_the_same() {
         let stem = Path::new(config).file_stem().unwrap().to_string_lossy();
         let name = |fuse: &str| format!("fuse-{stem}-{fuse}");
         let (plain, _, plain_losses) = run(&name("none"), config, "3", "none", &sets, 2.0);
-        // The target: within 1.15× the floor (measured 1.06× and 1.09×).
+        // The target: within 1.15× the floor (measured 1.03× and 1.07×).
         let (fused, predicted, fused_losses) =
             run(&name("blocks"), config, "3", "blocks", &sets, 1.15);
         assert!(fused <= 0.8 * plain, "{config}: fused {fused} vs {plain}");

@@ -69,27 +69,24 @@ fn logits_follow_the_classes_and_host_data_the_data_set() {
 }
 
 /// An estimate knows its target: the CPU heap also holds the data set and the CPU backend's
-/// matmul slabs, a GPU does not.
+/// matmul slabs, a GPU does not. The slabs are made before the resident baseline, so they are
+/// in the heap peak and not in the training peak (the device peak of a CPU estimate).
 #[test]
 fn the_prediction_counts_what_its_target_measures() {
     let s = settings(&["model.name=mobilenet", "model.width_multiplier=0.5"]);
     let (heap, device) = (estimate(&s, Target::CpuHeap), estimate(&s, Target::Device));
     assert_eq!(device.predicted_peak(), device.device_peak_bytes);
+    assert!(device.cpu_runtime.is_none(), "a GPU has no gemm slabs");
+    let slabs = heap
+        .cpu_runtime
+        .as_ref()
+        .expect("the CPU estimate counts the slabs");
+    assert!(slabs.what.starts_with("CPU matmul packing slabs"));
+    assert!(slabs.bytes > 0);
     assert_eq!(
         heap.predicted_peak(),
-        heap.device_peak_bytes + heap.host_data.bytes
+        heap.device_peak_bytes + heap.host_data.bytes + slabs.bytes
     );
-    // The CPU also keeps gemm's per-thread packing slabs; a GPU has none.
-    let slabs = |e: &trainer::memory::estimate::Estimate| {
-        e.model_state
-            .iter()
-            .find(|l| l.what.starts_with("CPU matmul packing slabs"))
-            .map(|l| l.bytes)
-    };
-    assert_eq!(slabs(&device), None);
-    let slabs = slabs(&heap).expect("the CPU estimate counts the slabs");
-    assert!(slabs > 0);
-    assert_eq!(heap.device_peak_bytes, device.device_peak_bytes + slabs);
     assert_eq!(
         Target::of(trainer::config::BackendKind::Cpu),
         Target::CpuHeap
@@ -299,4 +296,33 @@ fn no_prediction_is_below_the_floor() {
         seen += 1;
     }
     assert_eq!(seen, 11, "the shipped configs");
+}
+
+/// Under mixed precision the composed layers keep each weight's half copy (autodiff saves the
+/// cast); the fused ops cast the f32 weights themselves and keep none, and the floor, the
+/// least of the layers there are, counts none either.
+#[test]
+fn fused_layers_keep_no_half_weight_copies() {
+    let half_copies = |e: &trainer::memory::estimate::Estimate| {
+        e.model_state
+            .iter()
+            .find(|l| l.what.starts_with("half copies"))
+            .map(|l| l.bytes)
+    };
+    for model in ["simple", "mobilenet"] {
+        let sets = |fuse: &'static str| {
+            let model = format!("model.name={model}");
+            settings(&[&model, "precision.mode=f16-mixed", fuse])
+        };
+        let composed = estimate(&sets("memory.fuse=none"), Target::Device);
+        let fused = estimate(&sets("memory.fuse=blocks"), Target::Device);
+        assert!(
+            half_copies(&composed).is_some_and(|b| b > 0),
+            "{model}: composed keeps half copies"
+        );
+        assert_eq!(half_copies(&fused), None, "{model}: fused keeps none");
+        let state: u64 = fused.model_state.iter().map(|l| l.bytes).sum();
+        assert_eq!(fused.floor.model_state, state, "{model}");
+        assert_eq!(composed.floor, fused.floor, "{model}");
+    }
 }
