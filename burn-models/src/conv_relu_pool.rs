@@ -26,7 +26,7 @@ use burn::tensor::{Int, IntDType, Tensor, TensorMetadata};
 use crate::backend::ModelBackend;
 use crate::batch_norm::{float, prim};
 use crate::precision::cast_prim;
-use crate::slices::{accumulate, assign, assign_int, int_rows, rows, slices};
+use crate::slices::{accumulate, assign, assign_int, int_rows, parameter_grad, rows, slices};
 
 /// The composed block, for backends without an autodiff graph.
 pub(crate) fn conv_relu_pool_plain<B: Backend>(
@@ -149,7 +149,7 @@ impl<B: ModelBackend> Backward<B, 3> for ConvReluPoolBackward {
         }
         for (node, g, dtype) in [(node_w, dw, like.0), (node_b, db, like.1)] {
             if let (Some(node), Some(g)) = (node, g) {
-                grads.register::<B>(node.id, cast_prim::<B>(g, dtype));
+                grads.register::<B>(node.id, parameter_grad::<B>(g, x.dtype(), dtype));
             }
         }
     }

@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! forward   out = x · cast(W) + cast(b)                     keeps x, W (the f32 master), b
-//! backward  dW = (Σᵢ dyᵢᵀ · xᵢ)ᵀ      db = Σ dy      then per slice: dxᵢ = dyᵢ · cast(W)ᵀ
+//! backward  dW = Σᵢ xᵢᵀ · dyᵢ      db = Σ dy      then per slice: dxᵢ = dyᵢ · cast(W)ᵀ
 //! ```
 //! Written over backend primitives: the same on Flex, CUDA and wgpu.
 
@@ -25,7 +25,7 @@ use burn::tensor::{DType, TensorMetadata};
 use crate::backend::ModelBackend;
 use crate::batch_norm::{float, prim};
 use crate::precision::cast_prim;
-use crate::slices::{accumulate, assign, rows, slices};
+use crate::slices::{accumulate, assign, parameter_grad, rows, slices};
 
 /// `x · W + b` with `W` and `b` cast to the dtype of `x`, a slice of rows at a time (the CPU
 /// backend's half-precision matmul works on an f32 copy of its operand: a slice's, then).
@@ -67,17 +67,16 @@ impl<B: ModelBackend> Backward<B, 3> for LinearBackward {
 
         let [n, features] = x.shape().dims();
         // The weight gradient first, while the input gradient does not exist yet: a slice of
-        // the batch at a time, as (dyᵢᵀ · xᵢ), summed in f32 and transposed at the end (a view).
+        // the batch at a time, xᵢᵀ · dyᵢ, summed in f32.
         if let Some(node) = node_w {
-            let mut dwt = None;
+            let mut dw = None;
             for (start, len) in slices(n, features) {
-                let dyt = float::<B, 2>(rows::<B, 2>(&dout, start, len)).transpose();
-                let xs = float::<B, 2>(rows::<B, 2>(&x, start, len));
-                dwt = Some(accumulate::<B>(dwt, prim(dyt.matmul(xs))));
+                let xt = float::<B, 2>(rows::<B, 2>(&x, start, len)).transpose();
+                let dy = float::<B, 2>(rows::<B, 2>(&dout, start, len));
+                dw = Some(accumulate::<B>(dw, prim(xt.matmul(dy))));
             }
-            let dwt = dwt.expect("a batch has at least one row, so one slice");
-            let dw = prim(float::<B, 2>(dwt).transpose());
-            grads.register::<B>(node.id, cast_prim::<B>(dw, like_w));
+            let dw = dw.expect("a batch has at least one row, so one slice");
+            grads.register::<B>(node.id, parameter_grad::<B>(dw, x.dtype(), like_w));
         }
         if let Some(node) = node_x {
             let mut dx = None;
@@ -90,9 +89,10 @@ impl<B: ModelBackend> Backward<B, 3> for LinearBackward {
         }
         if let Some(node) = node_b {
             // Summed in f32: a half-precision sum over a large batch loses digits.
+            let compute = dout.dtype();
             let dy = float::<B, 2>(cast_prim::<B>(dout, DType::F32));
-            let db = dy.sum_dim(0).squeeze::<1>();
-            grads.register::<B>(node.id, cast_prim::<B>(prim(db), like_b));
+            let db = prim(dy.sum_dim(0).squeeze::<1>());
+            grads.register::<B>(node.id, parameter_grad::<B>(db, compute, like_b));
         }
     }
 }

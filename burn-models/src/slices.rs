@@ -5,10 +5,11 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{Element, FloatDType, Int, Numeric, Tensor};
+use burn::tensor::{DType, Element, FloatDType, Int, Numeric, Tensor};
 
 use crate::backend::ModelBackend;
 use crate::batch_norm::{float, prim};
+use crate::precision::cast_prim;
 
 /// Values per slice: about 2¹⁸ (1 MiB in f32) of the largest tensor an op makes per slice.
 /// The backend's kernels make scratch in proportion to the batch they get (Flex's conv weight
@@ -54,6 +55,17 @@ pub(crate) fn accumulate<B: Backend>(
         Some(a) => B::float_add(a, b),
         None => b,
     }
+}
+
+/// A parameter's gradient summed over slices in f32, as the composed layers would give it:
+/// rounded to the `compute` dtype first (so a half-precision gradient that overflows is inf,
+/// and the loss scaler skips the step as it would), then in the parameter's dtype `param`.
+pub(crate) fn parameter_grad<B: Backend>(
+    sum: FloatTensor<B>,
+    compute: DType,
+    param: DType,
+) -> FloatTensor<B> {
+    cast_prim::<B>(cast_prim::<B>(sum, compute), param)
 }
 
 /// Writes slice `part` (images `start..`) into `whole`, made at the first slice with the

@@ -330,9 +330,9 @@ fn grad_list<M: Module<B>>(
 
 /// The sliced linear layer against the composed one, on SimpleModel's classifier shape at
 /// batch 40 (ten slices of four rows): output and input gradient per row, so equal bit for
-/// bit; weight and bias gradients are sums over slices in f32, equal to rounding and no less
-/// accurate than the composed ones. Under f16-mixed the f32 weight is cast inside the op and
-/// its gradient comes back in f32.
+/// bit; weight and bias gradients are sums over slices in f32, equal to rounding. Under
+/// f16-mixed the f32 weight is cast inside the op and its gradient comes back in f32, rounded
+/// to f16 first as the composed layer's is.
 #[test]
 fn sliced_linear_equals_the_composed_layer() {
     let device = Default::default();
@@ -375,9 +375,16 @@ fn sliced_linear_equals_the_composed_layer() {
         ] {
             let err = relative(ours.clone(), theirs.clone());
             assert!(err < tolerance, "{name}: {what} relative error {err}");
+            // Against the all-f32 gradient: as close as the composed one in f32; in half
+            // precision (each slice's product is a half matmul's, and the sum is rounded to
+            // half once more, as the composed gradient is) within 2⁻¹⁰, two f16 roundings.
             let (ours, theirs) = (relative(ours, exact.clone()), relative(theirs, exact));
+            let bound = match p.compute {
+                DType::F32 => theirs * 1.05 + 1e-6,
+                _ => 1.0 / 1024.0,
+            };
             assert!(
-                ours <= theirs * 1.05 + 1e-6,
+                ours <= bound && theirs <= bound,
                 "{name}: sliced {what} {ours} from f32, composed {theirs}"
             );
         }
