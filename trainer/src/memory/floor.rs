@@ -2,7 +2,7 @@
 //! layers oomlab has, whatever the allocator and the scheduling.
 //!
 //! ```text
-//! floor = parameters + optimizer state (+ BN buffers, half weight copies)
+//! floor = parameters + optimizer state (+ BN buffers)
 //!       + max( gradients                                   at the optimizer step,
 //!              saved activations + one activation gradient at backward's worst instant )
 //! ```
@@ -22,8 +22,9 @@ use serde::Serialize;
 /// The floor's terms, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Floor {
-    /// Parameters, BN buffers, optimizer state, half weight copies (and, with accumulation,
-    /// the window's summed gradients): alive all through the step.
+    /// Parameters, BN buffers, optimizer state (and, with accumulation, the window's summed
+    /// gradients): alive all through the step. No half weight copies: the fused ops cast the
+    /// f32 weights themselves and keep none.
     pub model_state: u64,
     /// One set of parameter gradients, alive at the optimizer step.
     pub gradients: u64,
