@@ -63,7 +63,6 @@ impl<B: ModelBackend> Backward<B, 3> for LinearBackward {
         let w = ckpt.retrieve_node_output::<FloatTensor<B>>(w_id);
         let b = ckpt.retrieve_node_output::<FloatTensor<B>>(b_id);
         let (like_w, like_b) = (w.dtype(), b.dtype());
-        let wt = float::<B, 2>(cast_prim::<B>(w, x.dtype())).transpose();
 
         let [n, features] = x.shape().dims();
         // The weight gradient first, while the input gradient does not exist yet: a slice of
@@ -79,6 +78,8 @@ impl<B: ModelBackend> Backward<B, 3> for LinearBackward {
             grads.register::<B>(node.id, parameter_grad::<B>(dw, x.dtype(), like_w));
         }
         if let Some(node) = node_x {
+            // The weight as forward used it: cast again from the master copy, not kept.
+            let wt = float::<B, 2>(cast_prim::<B>(w, x.dtype())).transpose();
             let mut dx = None;
             for (start, len) in slices(n, features) {
                 let dy = float::<B, 2>(rows::<B, 2>(&dout, start, len));

@@ -5,13 +5,14 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{DType, Element, FloatDType, Int, Numeric, Tensor};
+use burn::tensor::{DType, Element, Int, Numeric, Tensor};
 
 use crate::backend::ModelBackend;
 use crate::batch_norm::{float, prim};
 use crate::precision::cast_prim;
 
-/// Values per slice: about 2¹⁸ (1 MiB in f32) of the largest tensor an op makes per slice.
+/// Values per slice: about 2¹⁶ (256 KiB in f32) of the largest tensor an op makes per slice
+/// (one SimpleModel image's conv output).
 /// The backend's kernels make scratch in proportion to the batch they get (Flex's conv weight
 /// gradient: about twice the conv output; its matmul: a realigning copy of the output), so
 /// the fused ops feed them one slice at a time.
@@ -50,7 +51,7 @@ pub(crate) fn accumulate<B: Backend>(
     a: Option<FloatTensor<B>>,
     b: FloatTensor<B>,
 ) -> FloatTensor<B> {
-    let b = B::float_cast(b, FloatDType::F32);
+    let b = cast_prim::<B>(b, DType::F32);
     match a {
         Some(a) => B::float_add(a, b),
         None => b,
