@@ -12,11 +12,12 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, FloatTensor, IntTensor};
 use burn::tensor::{DType, Slice, TensorMetadata};
 
-use crate::batch_norm::{self, BatchNormOutput};
+use crate::batch_norm::{self, float, prim, BatchNormOutput};
 use crate::boundary::{self, Boundary};
 use crate::conv_bn_relu;
 use crate::conv_relu_pool;
 use crate::flex;
+use crate::precision::cast_prim;
 use crate::sliced_linear;
 
 /// A backend for [`SimpleModel`](crate::SimpleModel) and [`MobileNet`](crate::MobileNet).
@@ -81,6 +82,31 @@ pub trait ModelBackend: Backend {
         Self::float_slice_assign(whole, &[Slice::from(start..start + len)], part)
     }
 
+    /// `t` converted to the float `dtype` (which differs from its own): how the fused ops cast
+    /// the master weights and their gradients. The CPU backend converts directly, where its
+    /// generic cast stages every value in f64 (a weight's cast made 8 bytes per weight).
+    fn float_convert(t: FloatTensor<Self>, dtype: DType) -> FloatTensor<Self> {
+        Self::float_cast(t, dtype.into())
+    }
+
+    /// `sum + lhs · rhs` in f32, where `sum` (`[m, n]`, f32) may not exist yet and `lhs`
+    /// (`[m, k]`) and `rhs` (`[k, n]`) share a float dtype: how the fused ops sum a weight
+    /// gradient over slices without rounding it to half precision at every slice. Here the
+    /// product is made in the operands' dtype and added in f32; the CPU backend widens the
+    /// operands (a slice's worth) and has gemm add the product into `sum` in place.
+    fn float_add_matmul(
+        sum: Option<FloatTensor<Self>>,
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let product = prim(float::<Self, 2>(lhs).matmul(float::<Self, 2>(rhs)));
+        let product = cast_prim::<Self>(product, DType::F32);
+        match sum {
+            Some(sum) => Self::float_add(sum, product),
+            None => product,
+        }
+    }
+
     /// [`float_write_rows`](Self::float_write_rows) for int tensors.
     fn int_write_rows(
         whole: IntTensor<Self>,
@@ -106,6 +132,18 @@ impl ModelBackend for burn::backend::Flex {
         part: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         flex::write_rows(whole, start, part)
+    }
+
+    fn float_convert(t: FloatTensor<Self>, dtype: DType) -> FloatTensor<Self> {
+        flex::convert(t, dtype)
+    }
+
+    fn float_add_matmul(
+        sum: Option<FloatTensor<Self>>,
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        flex::add_matmul(sum, lhs, rhs)
     }
 
     fn int_write_rows(

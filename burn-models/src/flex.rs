@@ -1,8 +1,10 @@
 //! The CPU backend's (Flex's) own implementations of [`ModelBackend`](crate::ModelBackend)
 //! methods, where its generic ops cost memory the models cannot afford.
 
-use burn::backend::flex::FlexTensor;
-use burn::tensor::{bf16, f16, DType, Slice};
+use burn::backend::flex::{FlexTensor, Layout};
+use burn::backend::Flex;
+use burn::tensor::ops::FloatTensorOps;
+use burn::tensor::{bf16, f16, Bytes, DType, Shape, Slice};
 
 /// `whole` with rows `start..start + len` (first axis) replaced by `part`, written in place.
 ///
@@ -52,4 +54,110 @@ pub(crate) fn write_rows(mut whole: FlexTensor, start: usize, part: FlexTensor) 
     // The other axes are taken whole.
     let rows = [Slice::from(start..start + part_rows)];
     burn::backend::flex::ops::slice::slice_assign(whole, &rows, part)
+}
+
+/// `sum + lhs · rhs` in f32, written into `sum` by gemm (which reads it: no product, realigning
+/// copy or second sum is made). `lhs [m, k]` and `rhs [k, n]` may be half precision: they are
+/// widened to f32 here (a slice's worth), not through Flex's cast, which stages every value in
+/// f64. A `sum` that is absent starts at zero; one that is shared or strided is added to.
+pub(crate) fn add_matmul(sum: Option<FlexTensor>, lhs: FlexTensor, rhs: FlexTensor) -> FlexTensor {
+    let (lhs, rhs) = (widened(lhs), widened(rhs));
+    let (m, k) = dims2(&lhs);
+    let n = dims2(&rhs).1;
+    let mut sum = match sum {
+        Some(sum) if sum.is_unique() && sum.is_contiguous() && sum.layout().start_offset() == 0 => {
+            sum
+        }
+        Some(sum) => {
+            return Flex::float_add(sum, Flex::float_matmul(lhs, rhs));
+        }
+        None => FlexTensor::filled_typed(Shape::new([m, n]), DType::F32, 0f32),
+    };
+    let (l_rs, l_cs) = strides2(&lhs);
+    let (r_rs, r_cs) = strides2(&rhs);
+    let l = &lhs.storage::<f32>()[lhs.layout().start_offset()..];
+    let r = &rhs.storage::<f32>()[rhs.layout().start_offset()..];
+    let dst = sum.storage_mut::<f32>();
+    assert_eq!(dst.len(), m * n, "add_matmul: the sum is [m, n]");
+    let parallelism = if m.saturating_mul(n).saturating_mul(k) >= 1 << 18 {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: `dst` is a unique contiguous `[m, n]` f32 buffer (row stride n, column 1); `l`
+    // and `r` are f32 views whose layouts give in-bounds `[m, k]` and `[k, n]` strides from
+    // their start offsets; gemm reads `dst` (read_dst) and writes `dst + 1 · lhs · rhs`.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            true,
+            l.as_ptr(),
+            l_cs,
+            l_rs,
+            r.as_ptr(),
+            r_cs,
+            r_rs,
+            1f32,
+            1f32,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+    sum
+}
+
+/// `t` as f32: itself, or a contiguous widened copy.
+fn widened(t: FlexTensor) -> FlexTensor {
+    match t.dtype() {
+        DType::F32 => t,
+        _ => convert(t, DType::F32),
+    }
+}
+
+/// `t` in `dtype`, converted value by value between f32, f16 and bf16 (through f32, which holds
+/// every f16 and bf16 exactly, so the result is the one rounding Flex's cast gives). Flex's own
+/// cast collects every value into an f64 buffer first: 8 bytes per value beside the input and
+/// the result. Other dtypes take Flex's cast.
+pub(crate) fn convert(t: FlexTensor, dtype: DType) -> FlexTensor {
+    fn to<S: Copy + bytemuck::Pod + burn::tensor::Element, D: bytemuck::Pod + Send + Sync>(
+        t: &FlexTensor,
+        dtype: DType,
+        f: impl Fn(S) -> D,
+    ) -> FlexTensor {
+        let t = t.to_contiguous();
+        let values: Vec<D> = t.storage::<S>().iter().map(|&v| f(v)).collect();
+        FlexTensor::new(
+            Bytes::from_elems(values),
+            Layout::contiguous(t.layout().shape().clone()),
+            dtype,
+        )
+    }
+    match (t.dtype(), dtype) {
+        (a, b) if a == b => t,
+        (DType::F32, DType::F16) => to(&t, dtype, f16::from_f32),
+        (DType::F32, DType::BF16) => to(&t, dtype, bf16::from_f32),
+        (DType::F16, DType::F32) => to(&t, dtype, |v: f16| v.to_f32()),
+        (DType::BF16, DType::F32) => to(&t, dtype, |v: bf16| v.to_f32()),
+        (DType::F16, DType::BF16) => to(&t, dtype, |v: f16| bf16::from_f32(v.to_f32())),
+        (DType::BF16, DType::F16) => to(&t, dtype, |v: bf16| f16::from_f32(v.to_f32())),
+        _ => Flex::float_cast(t, dtype.into()),
+    }
+}
+
+fn dims2(t: &FlexTensor) -> (usize, usize) {
+    let s = t.layout().shape();
+    (s[0], s[1])
+}
+
+/// (row stride, column stride) of a 2-D layout, in elements.
+fn strides2(t: &FlexTensor) -> (isize, isize) {
+    let s = t.layout().strides();
+    (s[0], s[1])
 }

@@ -5,6 +5,8 @@
 mod batch_norm;
 /// Layer boundaries: identity ops heard in both passes, checkpointing included.
 mod boundary;
+/// The CPU backend's own conversions and in-place gemm sum against Flex's generic ops.
+mod flex;
 /// The fused blocks against the composed layers: the same bits forward and backward.
 mod fused;
 /// Parameter counts against the article, the paper and Keras; output shapes; bad configs.
