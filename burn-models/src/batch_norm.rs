@@ -22,7 +22,14 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 
-use crate::precision::cast;
+use crate::backend::ModelBackend;
+use crate::precision::cast_prim;
+
+/// `x` in `dtype` through [`ModelBackend::float_convert`]: batch norm kept in f32 widens a
+/// whole half activation, and the CPU backend's own cast would stage it in f64 first.
+fn cast<B: ModelBackend, const D: usize>(x: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
+    float(cast_prim::<B>(prim(x), dtype))
+}
 
 /// What a training-mode batch norm returns: the output, in the input's dtype, and the batch
 /// statistics, `[channels]` in the working dtype, for the running averages.
@@ -36,7 +43,7 @@ pub struct BatchNormOutput<B: Backend> {
 }
 
 /// The composed batch norm, for backends without an autodiff graph to save into.
-pub(crate) fn batch_norm_plain<B: Backend>(
+pub(crate) fn batch_norm_plain<B: ModelBackend>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     beta: FloatTensor<B>,
@@ -76,7 +83,7 @@ fn channel_mean<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
 }
 
 /// `[channels]` → `[batch, channels, 1, 1]`, cast to `dtype`.
-fn per_channel<B: Backend>(v: FloatTensor<B>, dtype: DType, batch: usize) -> Tensor<B, 4> {
+fn per_channel<B: ModelBackend>(v: FloatTensor<B>, dtype: DType, batch: usize) -> Tensor<B, 4> {
     let v: Tensor<B, 1> = cast(float(v), dtype);
     let c = v.dims()[0];
     rows(v.reshape([1, c, 1, 1]), batch)
@@ -96,7 +103,7 @@ fn flat<B: Backend>(v: Tensor<B, 4>) -> FloatTensor<B> {
     prim(v.reshape([c]))
 }
 
-pub(crate) fn forward<B: Backend>(
+pub(crate) fn forward<B: ModelBackend>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     beta: FloatTensor<B>,
@@ -122,7 +129,7 @@ pub(crate) fn forward<B: Backend>(
 
 /// `centered · (r·γ) + β`, the last step of the forward pass. One function, so a fused op
 /// that recomputes the output in backward (to rebuild a ReLU's mask) gets the very same bits.
-fn scale_shift<B: Backend>(
+fn scale_shift<B: ModelBackend>(
     centered: Tensor<B, 4>,
     rstd_rows: Tensor<B, 4>,
     gamma: FloatTensor<B>,
@@ -136,7 +143,7 @@ fn scale_shift<B: Backend>(
 
 /// The forward output again, in `x`'s dtype, from the saved input and statistics: what
 /// [`forward`] returned, bit for bit.
-pub(crate) fn recompute<B: Backend>(
+pub(crate) fn recompute<B: ModelBackend>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     beta: FloatTensor<B>,
@@ -150,7 +157,7 @@ pub(crate) fn recompute<B: Backend>(
 }
 
 /// Gradients of x, γ and β from the saved input and statistics.
-pub(crate) fn backward<B: Backend>(
+pub(crate) fn backward<B: ModelBackend>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     state: &SavedStats<B>,
@@ -187,7 +194,7 @@ pub(crate) struct SavedStats<B: Backend> {
 #[derive(Debug)]
 struct BatchNormBackward;
 
-impl<B: Backend> Backward<B, 3> for BatchNormBackward {
+impl<B: ModelBackend> Backward<B, 3> for BatchNormBackward {
     type State = (NodeId, NodeId, SavedStats<B>);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, ckpt: &mut Checkpointer) {
@@ -206,7 +213,7 @@ impl<B: Backend> Backward<B, 3> for BatchNormBackward {
 }
 
 /// Batch norm as one autodiff op: the graph keeps `x`, `gamma` and the per-channel statistics.
-pub(crate) fn batch_norm_autodiff<B: Backend, C: CheckpointStrategy>(
+pub(crate) fn batch_norm_autodiff<B: ModelBackend, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     gamma: FloatTensor<Autodiff<B, C>>,
     beta: FloatTensor<Autodiff<B, C>>,

@@ -25,11 +25,12 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{ConvOptions, FloatTensor};
 use burn::tensor::{DType, TensorMetadata};
 
+use crate::backend::ModelBackend;
 use crate::batch_norm::{self, BatchNormOutput, SavedStats};
 use crate::precision::cast_prim;
 
 /// The composed block, for backends without an autodiff graph.
-pub(crate) fn conv_bn_relu_plain<B: Backend>(
+pub(crate) fn conv_bn_relu_plain<B: ModelBackend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     gamma: FloatTensor<B>,
@@ -59,7 +60,7 @@ struct Saved<B: Backend> {
 #[derive(Debug)]
 struct ConvBnReluBackward;
 
-impl<B: Backend> Backward<B, 4> for ConvBnReluBackward {
+impl<B: ModelBackend> Backward<B, 4> for ConvBnReluBackward {
     /// The checkpointed x, w, γ, β, then the rest.
     type State = ([NodeId; 4], Saved<B>);
 
@@ -98,7 +99,7 @@ impl<B: Backend> Backward<B, 4> for ConvBnReluBackward {
 
 /// The block as one autodiff op. Returns the ReLU output and the batch statistics (for the
 /// running averages), as [`batch_norm::batch_norm_autodiff`] does for batch norm alone.
-pub(crate) fn conv_bn_relu_autodiff<B: Backend, C: CheckpointStrategy>(
+pub(crate) fn conv_bn_relu_autodiff<B: ModelBackend, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     weight: FloatTensor<Autodiff<B, C>>,
     gamma: FloatTensor<Autodiff<B, C>>,

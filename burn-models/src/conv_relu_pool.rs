@@ -29,7 +29,7 @@ use crate::precision::cast_prim;
 use crate::slices::{accumulate, assign, assign_int, int_rows, parameter_grad, rows, slices};
 
 /// The composed block, for backends without an autodiff graph.
-pub(crate) fn conv_relu_pool_plain<B: Backend>(
+pub(crate) fn conv_relu_pool_plain<B: ModelBackend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     bias: FloatTensor<B>,

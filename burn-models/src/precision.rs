@@ -6,6 +6,7 @@
 //! so the f32 policy adds no work. Which *training* precisions exist, and how parameters are
 //! stored, is the trainer's business: models only apply the policy.
 
+use crate::backend::ModelBackend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{backend::Backend, DType, Tensor, TensorMetadata};
 
@@ -72,11 +73,13 @@ pub fn cast<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: DType) -> Tensor
 /// A primitive in `dtype` (the identity when it already has it). The fused ops take the f32
 /// master weights and cast them here, inside the op, so autodiff keeps no half copy of them:
 /// backward casts them again.
-pub(crate) fn cast_prim<B: Backend>(t: FloatTensor<B>, dtype: DType) -> FloatTensor<B> {
+/// Through [`ModelBackend::float_convert`]: the CPU backend converts directly, without the
+/// f64 copy of every value its own cast makes.
+pub(crate) fn cast_prim<B: ModelBackend>(t: FloatTensor<B>, dtype: DType) -> FloatTensor<B> {
     if t.dtype() == dtype {
         t
     } else {
-        B::float_cast(t, dtype.into())
+        B::float_convert(t, dtype)
     }
 }
 

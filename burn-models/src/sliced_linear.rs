@@ -6,7 +6,9 @@
 //! and the CPU backend's matmul copies its output once more to realign it: the input gradient
 //! existed twice at the worst instant of backward. Here each slice's `dx` is written into one
 //! tensor allocated at the first slice, after the weight gradient, which is summed over the
-//! slices in f32 (so a half-precision CPU kernel's f32 copy of its operand is a slice's too).
+//! slices in f32 ([`ModelBackend::float_add_matmul`]: on the CPU, gemm adds each slice's
+//! product into the one f32 sum, so no product, realigning copy or widened operand larger
+//! than a slice exists beside it).
 //!
 //! ```text
 //! forward   out = x · cast(W) + cast(b)                     keeps x, W (the f32 master), b
@@ -25,7 +27,7 @@ use burn::tensor::{DType, TensorMetadata};
 use crate::backend::ModelBackend;
 use crate::batch_norm::{float, prim};
 use crate::precision::cast_prim;
-use crate::slices::{accumulate, assign, parameter_grad, rows, slices};
+use crate::slices::{assign, parameter_grad, rows, slices};
 
 /// `x · W + b` with `W` and `b` cast to the dtype of `x`, a slice of rows at a time (the CPU
 /// backend's half-precision matmul works on an f32 copy of its operand: a slice's, then).
@@ -70,9 +72,9 @@ impl<B: ModelBackend> Backward<B, 3> for LinearBackward {
         if let Some(node) = node_w {
             let mut dw = None;
             for (start, len) in slices(n, features) {
-                let xt = float::<B, 2>(rows::<B, 2>(&x, start, len)).transpose();
-                let dy = float::<B, 2>(rows::<B, 2>(&dout, start, len));
-                dw = Some(accumulate::<B>(dw, prim(xt.matmul(dy))));
+                let xt = prim(float::<B, 2>(rows::<B, 2>(&x, start, len)).transpose());
+                let dy = rows::<B, 2>(&dout, start, len);
+                dw = Some(B::float_add_matmul(dw, xt, dy));
             }
             let dw = dw.expect("a batch has at least one row, so one slice");
             grads.register::<B>(node.id, parameter_grad::<B>(dw, x.dtype(), like_w));

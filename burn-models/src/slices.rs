@@ -47,7 +47,7 @@ pub(crate) fn int_rows<B: Backend>(
 
 /// `a + b` in f32, where `a` may not exist yet: half-precision slices are summed without
 /// rounding to half at every slice.
-pub(crate) fn accumulate<B: Backend>(
+pub(crate) fn accumulate<B: ModelBackend>(
     a: Option<FloatTensor<B>>,
     b: FloatTensor<B>,
 ) -> FloatTensor<B> {
@@ -61,7 +61,7 @@ pub(crate) fn accumulate<B: Backend>(
 /// A parameter's gradient summed over slices in f32, as the composed layers would give it:
 /// rounded to the `compute` dtype first (so a half-precision gradient that overflows is inf,
 /// and the loss scaler skips the step as it would), then in the parameter's dtype `param`.
-pub(crate) fn parameter_grad<B: Backend>(
+pub(crate) fn parameter_grad<B: ModelBackend>(
     sum: FloatTensor<B>,
     compute: DType,
     param: DType,
