@@ -363,12 +363,25 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
     }
 }
 
+/// Bytes per element: activations in the compute dtype, max-pool indices, parameters.
+#[derive(Clone, Copy)]
+struct Bytes {
+    compute: u64,
+    index: u64,
+    param: u64,
+}
+
 /// Bytes alive at the peak of backward beyond what the end of forward holds: walking the tape
 /// backwards, each op's saved tensors are freed after it, while the gradient arriving at its
 /// output and the one it produces for its input are alive. `bf16_f32` adds the f32 copies that
 /// the CPU backend's bf16 kernels make (Flex converts bf16 arguments to f32), `cpu` the
 /// realigned copies of [`Op::cpu_copy`].
-fn backward_excess(ops: &[Op], b: u64, compute: u64, index: u64, bf16_f32: bool, cpu: bool) -> u64 {
+fn backward_excess(ops: &[Op], b: u64, bytes: Bytes, bf16_f32: bool, cpu: bool) -> u64 {
+    let Bytes {
+        compute,
+        index,
+        param,
+    } = bytes;
     let saved = |o: &Op| o.saved_bytes(b, compute, index);
     let mut alive: u64 = ops.iter().map(saved).sum();
     let forward_end = alive;
@@ -388,16 +401,20 @@ fn backward_excess(ops: &[Op], b: u64, compute: u64, index: u64, bf16_f32: bool,
             in_flight += b * o.cpu_copy * if bf16_f32 { 2 } else { 4 };
         }
         if o.weight_sum > 0 {
-            // Before its input gradient, the op sums its weight gradient over slices: the f32
-            // sum and the add's result, a slice's product (twice on the CPU: the realigning
-            // copy) and, on the CPU in half precision, the f64 buffer Flex's f16 → f32 cast
-            // goes through.
-            let each =
-                8 + compute * if cpu { 2 } else { 1 } + if cpu && compute == 2 { 8 } else { 0 };
+            // Before its input gradient, the op sums its weight gradient over slices. On a
+            // GPU: the f32 sum and the add's result beside a slice's product. On the CPU gemm
+            // adds into the sum in place, and in half precision the sum is rounded through the
+            // compute dtype at the end (f32 and half, then half and f32).
+            let each = match (cpu, compute) {
+                (true, 2) => 6,
+                (true, _) => 4,
+                (false, c) => 8 + c,
+            };
             in_flight = in_flight.max(b * o.output * compute + o.weight_sum * each);
         }
         peak = peak.max(alive + in_flight);
-        alive -= saved(o);
+        // The op's weight gradient stays in the graph's gradients until backward ends.
+        alive = alive - saved(o) + o.weight_sum * param;
     }
     peak - forward_end
 }
@@ -475,7 +492,12 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
     ));
     let bf16_f32 = target == Target::CpuHeap && mode == PrecisionMode::Bf16Mixed;
     let cpu = target == Target::CpuHeap;
-    let excess = backward_excess(&ops, b, compute, index, bf16_f32, cpu);
+    let bytes = Bytes {
+        compute,
+        index,
+        param: pbytes,
+    };
+    let excess = backward_excess(&ops, b, bytes, bf16_f32, cpu);
     let what = if bf16_f32 {
         "backward: gradients in flight (+ CPU bf16 kernels' f32 copies)"
     } else {
