@@ -82,6 +82,17 @@ pub trait ModelBackend: Backend {
         Self::float_slice_assign(whole, &[Slice::from(start..start + len)], part)
     }
 
+    /// `conv2d(x, weight)` without a bias, as the fused ops call it. The CPU backend runs a
+    /// pointwise (1×1) conv with the image's positions on gemm's left, so that gemm does not
+    /// pack the whole weight for every image.
+    fn float_conv2d(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        Self::conv2d(x, weight, None, options)
+    }
+
     /// `t` converted to the float `dtype` (which differs from its own): how the fused ops cast
     /// the master weights and their gradients. The CPU backend converts directly, where its
     /// generic cast stages every value in f64 (a weight's cast made 8 bytes per weight).
@@ -132,6 +143,17 @@ impl ModelBackend for burn::backend::Flex {
         part: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         flex::write_rows(whole, start, part)
+    }
+
+    fn float_conv2d(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        match flex::pointwise_conv(&x, &weight, &options) {
+            Some(out) => out,
+            None => <Self as burn::tensor::ops::ModuleOps<Self>>::conv2d(x, weight, None, options),
+        }
     }
 
     fn float_convert(t: FloatTensor<Self>, dtype: DType) -> FloatTensor<Self> {

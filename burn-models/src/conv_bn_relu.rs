@@ -40,7 +40,7 @@ pub(crate) fn conv_bn_relu_plain<B: ModelBackend>(
     epsilon: f64,
 ) -> BatchNormOutput<B> {
     let weight = cast_prim::<B>(weight, x.dtype());
-    let z = B::conv2d(x, weight, None, options);
+    let z = B::float_conv2d(x, weight, options);
     let bn = batch_norm::batch_norm_plain::<B>(z, gamma, beta, work, epsilon);
     BatchNormOutput {
         output: B::relu(bn.output),
@@ -108,10 +108,9 @@ pub(crate) fn conv_bn_relu_autodiff<B: ModelBackend, C: CheckpointStrategy>(
     work: DType,
     epsilon: f64,
 ) -> BatchNormOutput<Autodiff<B, C>> {
-    let z = B::conv2d(
+    let z = B::float_conv2d(
         x.primitive.clone(),
         cast_prim::<B>(weight.primitive.clone(), x.primitive.dtype()),
-        None,
         options.clone(),
     );
     let f = batch_norm::forward::<B>(

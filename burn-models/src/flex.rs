@@ -3,8 +3,9 @@
 
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::backend::Flex;
-use burn::tensor::ops::FloatTensorOps;
+use burn::tensor::ops::{ConvOptions, FloatTensorOps};
 use burn::tensor::{bf16, f16, Bytes, DType, Shape, Slice};
+use rayon::prelude::*;
 
 /// `whole` with rows `start..start + len` (first axis) replaced by `part`, written in place.
 ///
@@ -111,6 +112,142 @@ pub(crate) fn add_matmul(sum: Option<FlexTensor>, lhs: FlexTensor, rhs: FlexTens
         );
     }
     sum
+}
+
+/// A pointwise convolution — `weight [m, k, 1, 1]` over `x [n, k, h, w]`, stride 1, no
+/// padding, one group, no bias — as one gemm per image (images spread over the rayon workers)
+/// with the image's `h·w` positions as gemm's rows: `outᵢᵀ = xᵢᵀ · weightᵀ`, both read in
+/// place. Flex's own 1×1 conv puts the weight on gemm's left, and gemm then packs the whole
+/// weight into a buffer it allocates per call, per image: 1 MiB at once on each worker for
+/// MobileNet's last 512 × 512 weight, whose output is a quarter of that. Here gemm packs only
+/// a few rows of the image. Half precision is widened to f32 an image at a time (gemm's own
+/// f16 path packs in f32 on every call) and rounded once at the end. `None` for any other
+/// shape or dtype: the caller takes Flex's conv.
+pub(crate) fn pointwise_conv(
+    x: &FlexTensor,
+    weight: &FlexTensor,
+    options: &ConvOptions<2>,
+) -> Option<FlexTensor> {
+    let (xd, wd) = (x.layout().shape(), weight.layout().shape());
+    let pointwise = options.stride == [1, 1]
+        && options.padding == [0, 0]
+        && options.dilation == [1, 1]
+        && options.groups == 1
+        && xd.len() == 4
+        && wd.len() == 4
+        && wd[1] == xd[1]
+        && wd[2] == 1
+        && wd[3] == 1
+        && x.dtype() == weight.dtype();
+    if !pointwise {
+        return None;
+    }
+    let (n, k, h, w, m) = (xd[0], xd[1], xd[2], xd[3], wd[0]);
+    let s = h.checked_mul(w)?;
+    let image = m.checked_mul(s)?;
+    let total = image.checked_mul(n)?;
+    if total == 0 || k == 0 {
+        return None;
+    }
+    let (x, weight) = (x.to_contiguous(), weight.to_contiguous());
+    let shape = Shape::new([n, m, h, w]);
+    // One image: dst [s, m] (row stride 1, column stride s) = lhs [s, k] (1, s) · rhs [k, m]
+    // (1, k), each matrix the transpose of the NCHW layout it reads or writes.
+    // SAFETY (both calls): `lhs` holds the image's k·s values, `rhs` m·k, `dst` m·s, and the
+    // strides above address exactly those.
+    let gemm_image = |dst: &mut [f32], lhs: &[f32], rhs: &[f32]| unsafe {
+        gemm::gemm(
+            s,
+            m,
+            k,
+            dst.as_mut_ptr(),
+            s as isize,
+            1,
+            false,
+            lhs.as_ptr(),
+            s as isize,
+            1,
+            rhs.as_ptr(),
+            k as isize,
+            1,
+            0f32,
+            1f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    };
+    let tensor = match x.dtype() {
+        DType::F32 => {
+            let xs = &x.storage::<f32>()[x.layout().start_offset()..][..n * k * s];
+            let ws = &weight.storage::<f32>()[weight.layout().start_offset()..][..m * k];
+            let mut out = vec![0f32; total];
+            out.par_chunks_mut(image)
+                .zip(xs.par_chunks(k * s))
+                .for_each(|(dst, lhs)| gemm_image(dst, lhs, ws));
+            FlexTensor::new(
+                Bytes::from_elems(out),
+                Layout::contiguous(shape),
+                DType::F32,
+            )
+        }
+        DType::F16 => half_pointwise(
+            &x,
+            &weight,
+            shape,
+            (k * s, image),
+            f16::to_f32,
+            f16::from_f32,
+            gemm_image,
+        ),
+        DType::BF16 => half_pointwise(
+            &x,
+            &weight,
+            shape,
+            (k * s, image),
+            bf16::to_f32,
+            bf16::from_f32,
+            gemm_image,
+        ),
+        _ => return None,
+    };
+    Some(tensor)
+}
+
+/// [`pointwise_conv`] for a half type `H`: the weight widened once, each image widened and its
+/// f32 result rounded by the worker that computes it.
+fn half_pointwise<H: bytemuck::Pod + burn::tensor::Element + Send + Sync>(
+    x: &FlexTensor,
+    weight: &FlexTensor,
+    shape: Shape,
+    (per_input, per_output): (usize, usize),
+    widen: fn(H) -> f32,
+    narrow: fn(f32) -> H,
+    gemm_image: impl Fn(&mut [f32], &[f32], &[f32]) + Sync,
+) -> FlexTensor {
+    let dtype = x.dtype();
+    let n = x.layout().shape()[0];
+    let xs = &x.storage::<H>()[x.layout().start_offset()..][..n * per_input];
+    let weight_len = weight.layout().shape().iter().product::<usize>();
+    let ws: Vec<f32> = weight.storage::<H>()[weight.layout().start_offset()..][..weight_len]
+        .iter()
+        .map(|&v| widen(v))
+        .collect();
+    let mut out = vec![narrow(0.0); n * per_output];
+    out.par_chunks_mut(per_output)
+        .zip(xs.par_chunks(per_input))
+        .for_each_init(
+            || (vec![0f32; per_input], vec![0f32; per_output]),
+            |(lhs, dst), (out, image)| {
+                lhs.iter_mut().zip(image).for_each(|(l, &v)| *l = widen(v));
+                gemm_image(dst, lhs, &ws);
+                out.iter_mut()
+                    .zip(dst.iter())
+                    .for_each(|(o, &v)| *o = narrow(v));
+            },
+        );
+    FlexTensor::new(Bytes::from_elems(out), Layout::contiguous(shape), dtype)
 }
 
 /// `t` as f32: itself, or a contiguous widened copy.
