@@ -117,6 +117,30 @@ if wanted loss-scale; then
   } >"$work/loss-scale.md"
   fill loss-scale "$work/loss-scale.md"
 fi
+if wanted f16-pure-fair; then
+  # The fair comparison for pure f16: the same config (SGD, its learning rate), only the mode.
+  for mode in f16 f16-mixed; do
+    trainer --config configs/f16-pure.toml --backend cpu --max-steps 60 \
+      --set precision.mode=$mode --set train.output_dir="$work/f16-pure-$mode" --overwrite \
+      >"$work/f16-pure-$mode.table"
+  done
+  {
+    echo '```sh'
+    for mode in f16 f16-mixed; do
+      echo "trainer --config configs/f16-pure.toml --backend cpu --max-steps 60 --set precision.mode=$mode"
+    done
+    echo '```'
+    echo
+    echo '```text'
+    for mode in f16 f16-mixed; do
+      grep -E '^  (precision|optimizer|updates lost|final train loss|eval accuracy) ' \
+        "$work/f16-pure-$mode.table"
+      [[ $mode == f16-mixed ]] || echo
+    done
+    echo '```'
+  } >"$work/f16-pure-fair.md"
+  fill f16-pure-fair "$work/f16-pure-fair.md"
+fi
 
 # 4. Fix 3: a smaller model
 compare width configs/mobilenet.toml --backend cpu --steps 2 \
