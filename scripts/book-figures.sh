@@ -94,8 +94,10 @@ compare accumulation configs/f32.toml configs/accum.toml configs/amp.toml \
 
 # 3. Fix 2: mixed precision
 config-diff amp-diff configs/f32.toml configs/amp.toml
+# One table per model, so that "vs first" is each model's own f32 run.
 compare mixed-precision configs/f32.toml configs/amp.toml configs/bf16.toml \
-  configs/f16-pure.toml configs/mobilenet.toml configs/mobilenet-amp.toml \
+  configs/f16-pure.toml --backend cpu --steps 60
+compare mixed-precision-mobilenet configs/mobilenet.toml configs/mobilenet-amp.toml \
   configs/mobilenet-bn16.toml --backend cpu --steps 60
 if wanted loss-scale; then
   trainer --config configs/amp.toml --backend cpu --max-steps 200 \
@@ -152,9 +154,10 @@ compare free-cache configs/amp.toml configs/amp-free-cache.toml --backend cpu --
 # 6. Beyond the article
 compare checkpointing configs/mobilenet.toml configs/mobilenet-checkpointing.toml \
   --backend cpu --steps 20
-compare fused configs/f32.toml configs/amp.toml configs/mobilenet.toml \
-  configs/mobilenet-amp.toml --backend cpu --steps 3 --set data.eval_size=128 \
-  --sweep memory.fuse=none,blocks
+compare fused configs/f32.toml configs/amp.toml --backend cpu --steps 3 \
+  --set data.eval_size=128 --sweep memory.fuse=none,blocks
+compare fused-mobilenet configs/mobilenet.toml configs/mobilenet-amp.toml --backend cpu \
+  --steps 3 --set data.eval_size=128 --sweep memory.fuse=none,blocks
 output find-batch-size trainer find-batch-size --config configs/mobilenet.toml --backend cpu \
   --budget 512MiB --set data.train_size=1024 --set data.eval_size=64
 output oom-diagnosis trainer --config configs/mobilenet.toml --backend cpu \
