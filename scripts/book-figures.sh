@@ -14,6 +14,12 @@ work=target/book-figures
 mkdir -p "$figures" "$work"
 only=("$@")
 
+# Every measured figure says when, where and from what it was measured.
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- . ':!docs/src' 2>/dev/null || commit="$commit with uncommitted changes"
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
+stamp="Measured $(date -u +%Y-%m-%d) on $(nproc) cores (${cpu:-$(uname -m)}), CPU backend (Flex), commit $commit, by scripts/book-figures.sh."
+
 wanted() { [[ ${#only[@]} -eq 0 ]] || [[ " ${only[*]} " == *" $1 "* ]]; }
 
 # fill NAME FILE: the lines between NAME's markers in docs/src/*.md become FILE's.
@@ -42,6 +48,8 @@ output() {
     echo "\$ $*"
     "$@" 2>&1 || echo "(exit code $?)"
     echo '```'
+    echo
+    echo "*$stamp*"
   } >"$work/$name.md"
   fill "$name" "$work/$name.md"
 }
@@ -77,6 +85,8 @@ compare() {
     tail -n +3 "$work/$name/report.md"
     echo
     echo "![Peak memory per config, measured and predicted](figures/$name.svg)"
+    echo
+    echo "*$stamp*"
   } >"$work/$name.md"
   fill "$name" "$work/$name.md"
 }
@@ -116,6 +126,8 @@ if wanted loss-scale; then
     echo '```'
     echo
     echo "![The loss scale over the run; red: skipped steps](figures/loss-scale.svg)"
+    echo
+    echo "*$stamp*"
   } >"$work/loss-scale.md"
   fill loss-scale "$work/loss-scale.md"
 fi
@@ -140,6 +152,8 @@ if wanted f16-pure-fair; then
       [[ $mode == f16-mixed ]] || echo
     done
     echo '```'
+    echo
+    echo "*$stamp*"
   } >"$work/f16-pure-fair.md"
   fill f16-pure-fair "$work/f16-pure-fair.md"
 fi
