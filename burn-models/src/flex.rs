@@ -155,28 +155,32 @@ pub(crate) fn pointwise_conv(
     // (1, k), each matrix the transpose of the NCHW layout it reads or writes.
     // SAFETY (both calls): `lhs` holds the image's k·s values, `rhs` m·k, `dst` m·s, and the
     // strides above address exactly those.
-    let gemm_image = |dst: &mut [f32], lhs: &[f32], rhs: &[f32]| unsafe {
-        gemm::gemm(
-            s,
-            m,
-            k,
-            dst.as_mut_ptr(),
-            s as isize,
-            1,
-            false,
-            lhs.as_ptr(),
-            s as isize,
-            1,
-            rhs.as_ptr(),
-            k as isize,
-            1,
-            0f32,
-            1f32,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
+    let gemm_image = |dst: &mut [f32], lhs: &[f32], rhs: &[f32]| {
+        // The lengths the strides below rely on, checked so the closure is sound to call.
+        assert!(dst.len() == m * s && lhs.len() == k * s && rhs.len() == m * k);
+        unsafe {
+            gemm::gemm(
+                s,
+                m,
+                k,
+                dst.as_mut_ptr(),
+                s as isize,
+                1,
+                false,
+                lhs.as_ptr(),
+                s as isize,
+                1,
+                rhs.as_ptr(),
+                k as isize,
+                1,
+                0f32,
+                1f32,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
     };
     let tensor = match x.dtype() {
         DType::F32 => {
