@@ -118,6 +118,18 @@ pub trait ModelBackend: Backend {
         }
     }
 
+    /// The [sliced linear layer](crate::sliced_linear)'s input gradient `dy · cast(W)ᵀ` for
+    /// `dy [batch, out]` and the f32 master `weight [in, out]` (`in = features`), in the dtype
+    /// of `dy`, made a slice of rows at a time. The CPU backend makes it in bf16 without a bf16
+    /// copy of the weight or its f64-staged widening.
+    fn linear_input_grad(
+        dy: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        features: usize,
+    ) -> FloatTensor<Self> {
+        sliced_linear::input_grad_sliced::<Self>(dy, weight, features)
+    }
+
     /// [`float_write_rows`](Self::float_write_rows) for int tensors.
     fn int_write_rows(
         whole: IntTensor<Self>,
@@ -128,11 +140,37 @@ pub trait ModelBackend: Backend {
         Self::int_slice_assign(whole, &[Slice::from(start..start + len)], part)
     }
 
+    /// The weight and bias gradients (f32) of [`conv_relu_pool`](Self::conv_relu_pool)
+    /// straight from its output `out`, that output's gradient `dout` and the winners'
+    /// `positions` in their windows, for a block whose input needs no gradient; `kernel` is the
+    /// weight's shape. `None` (the default) has the block unpool the gradient and run the
+    /// backend's conv backward; the CPU backend reads the gradients off the pooled output
+    /// without any full-resolution tensor.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_relu_pool_param_grads(
+        _x: &FloatTensor<Self>,
+        _out: &FloatTensor<Self>,
+        _dout: &FloatTensor<Self>,
+        _positions: &IntTensor<Self>,
+        _kernel: [usize; 4],
+        _options: &ConvOptions<2>,
+        _k: usize,
+    ) -> Option<[FloatTensor<Self>; 2]> {
+        None
+    }
+
     /// `x` unchanged. Under autodiff, the [boundary listener](crate::boundary::listen) hears
     /// the forward pass cross `at` and, later, the backward pass; a plain backend (inference)
     /// has no backward to pair with and reports nothing.
     fn boundary(x: FloatTensor<Self>, _at: Boundary) -> FloatTensor<Self> {
         x
+    }
+
+    /// The key under which a parameter's window sum is [lent](crate::grad_sum::lend) to the
+    /// ops of a backward pass: the parameter tensor's autodiff node. `None` on a plain backend
+    /// (no backward pass).
+    fn grad_sum_key(_param: &FloatTensor<Self>) -> Option<u64> {
+        None
     }
 }
 
@@ -174,6 +212,29 @@ impl ModelBackend for burn::backend::Flex {
         part: IntTensor<Self>,
     ) -> IntTensor<Self> {
         flex::write_rows(whole, start, part)
+    }
+
+    fn linear_input_grad(
+        dy: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        features: usize,
+    ) -> FloatTensor<Self> {
+        match flex::linear_input_grad_bf16(&dy, &weight) {
+            Some(dx) => dx,
+            None => sliced_linear::input_grad_sliced::<Self>(dy, weight, features),
+        }
+    }
+
+    fn conv_relu_pool_param_grads(
+        x: &FloatTensor<Self>,
+        out: &FloatTensor<Self>,
+        dout: &FloatTensor<Self>,
+        positions: &IntTensor<Self>,
+        kernel: [usize; 4],
+        options: &ConvOptions<2>,
+        k: usize,
+    ) -> Option<[FloatTensor<Self>; 2]> {
+        flex::conv_relu_pool_param_grads(x, out, dout, positions, kernel, options, k)
     }
 }
 impl ModelBackend for burn::backend::Cuda {}
@@ -222,5 +283,9 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
 
     fn boundary(x: FloatTensor<Self>, at: Boundary) -> FloatTensor<Self> {
         boundary::boundary_autodiff::<B, C>(x, at)
+    }
+
+    fn grad_sum_key(param: &FloatTensor<Self>) -> Option<u64> {
+        Some(param.node.id.value)
     }
 }

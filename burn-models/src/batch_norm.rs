@@ -23,6 +23,7 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 
 use crate::backend::ModelBackend;
+use crate::grad_sum::register_param;
 use crate::precision::cast_prim;
 
 /// `x` in `dtype` through [`ModelBackend::float_convert`]: batch norm kept in f32 widens a
@@ -204,9 +205,12 @@ impl<B: ModelBackend> Backward<B, 3> for BatchNormBackward {
         let x = ckpt.retrieve_node_output::<FloatTensor<B>>(x_id);
         let gamma = ckpt.retrieve_node_output::<FloatTensor<B>>(gamma_id);
         let [dx, dgamma, dbeta] = backward::<B>(x, gamma, &stats, grad);
-        for (node, g) in [(node_x, dx), (node_gamma, dgamma), (node_beta, dbeta)] {
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, dx);
+        }
+        for (node, g) in [(node_gamma, dgamma), (node_beta, dbeta)] {
             if let Some(node) = node {
-                grads.register::<B>(node.id, g);
+                register_param::<B>(grads, node.id, g);
             }
         }
     }

@@ -27,6 +27,7 @@ use burn::tensor::{DType, TensorMetadata};
 
 use crate::backend::ModelBackend;
 use crate::batch_norm::{self, BatchNormOutput, SavedStats};
+use crate::grad_sum::register_param;
 use crate::precision::cast_prim;
 
 /// The composed block, for backends without an autodiff graph.
@@ -87,11 +88,11 @@ impl<B: ModelBackend> Backward<B, 4> for ConvBnReluBackward {
         }
         if let Some(node) = node_w {
             let dw = B::conv2d_weight_backward(x, w, dz, saved.options);
-            grads.register::<B>(node.id, cast_prim::<B>(dw, master));
+            register_param::<B>(grads, node.id, cast_prim::<B>(dw, master));
         }
         for (node, g) in [(node_gamma, dgamma), (node_beta, dbeta)] {
             if let Some(node) = node {
-                grads.register::<B>(node.id, g);
+                register_param::<B>(grads, node.id, g);
             }
         }
     }

@@ -25,6 +25,7 @@ use burn::tensor::{Int, IntDType, Tensor, TensorMetadata};
 
 use crate::backend::ModelBackend;
 use crate::batch_norm::{float, prim};
+use crate::grad_sum::register_param;
 use crate::precision::cast_prim;
 use crate::slices::{accumulate, assign, assign_int, int_rows, parameter_grad, rows, slices};
 
@@ -120,6 +121,28 @@ impl<B: ModelBackend> Backward<B, 3> for ConvReluPoolBackward {
         let (w, b) = (cast_prim::<B>(w, x.dtype()), cast_prim::<B>(b, x.dtype()));
 
         let (k, opts) = (saved.k, saved.options);
+        if node_x.is_none() {
+            // The first layer: the backend may read dw and db straight off the pooled gradient.
+            let kernel = w.shape().dims();
+            let fast = B::conv_relu_pool_param_grads(
+                &x,
+                &saved.out,
+                &dout,
+                &saved.positions,
+                kernel,
+                &opts,
+                k,
+            );
+            if let Some([dw, db]) = fast {
+                for (node, g, dtype) in [(node_w, dw, like.0), (node_b, db, like.1)] {
+                    if let Some(node) = node {
+                        let g = parameter_grad::<B>(g, x.dtype(), dtype);
+                        register_param::<B>(grads, node.id, g);
+                    }
+                }
+                return;
+            }
+        }
         let [n, c, ho, wo] = dout.shape().dims();
         let (mut dw, mut db, mut dx) = (None, None, None);
         // Slice by slice: the conv output's gradient exists for one slice at a time.
@@ -149,7 +172,7 @@ impl<B: ModelBackend> Backward<B, 3> for ConvReluPoolBackward {
         }
         for (node, g, dtype) in [(node_w, dw, like.0), (node_b, db, like.1)] {
             if let (Some(node), Some(g)) = (node, g) {
-                grads.register::<B>(node.id, parameter_grad::<B>(g, x.dtype(), dtype));
+                register_param::<B>(grads, node.id, parameter_grad::<B>(g, x.dtype(), dtype));
             }
         }
     }

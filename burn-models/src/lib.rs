@@ -10,6 +10,7 @@ pub mod boundary;
 pub mod conv_bn_relu;
 pub mod conv_relu_pool;
 mod flex;
+pub mod grad_sum;
 pub mod layers;
 pub mod mobilenet;
 pub mod precision;

@@ -26,6 +26,7 @@ use burn::tensor::{DType, TensorMetadata};
 
 use crate::backend::ModelBackend;
 use crate::batch_norm::{float, prim};
+use crate::grad_sum::register_param;
 use crate::precision::cast_prim;
 use crate::slices::{assign, parameter_grad, rows, slices};
 
@@ -49,6 +50,24 @@ pub(crate) fn linear_plain<B: ModelBackend>(
         out = Some(assign(out, n, start, xs.matmul(w.clone()) + b.clone()));
     }
     prim(out.expect("a batch has at least one row, so one slice"))
+}
+
+/// `dy · cast(W)ᵀ` (`dy [batch, out]`, the f32 master `W [in, out]`) in the dtype of `dy`, a
+/// slice of rows at a time: the weight as forward used it, cast again from the master copy,
+/// not kept.
+pub fn input_grad_sliced<B: ModelBackend>(
+    dout: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    features: usize,
+) -> FloatTensor<B> {
+    let wt = float::<B, 2>(cast_prim::<B>(weight, dout.dtype())).transpose();
+    let [n, _] = dout.shape().dims();
+    let mut dx = None;
+    for (start, len) in slices(n, features) {
+        let dy = float::<B, 2>(rows::<B, 2>(&dout, start, len));
+        dx = Some(assign(dx, n, start, dy.matmul(wt.clone())));
+    }
+    prim(dx.expect("a batch has at least one row, so one slice"))
 }
 
 #[derive(Debug)]
@@ -77,25 +96,18 @@ impl<B: ModelBackend> Backward<B, 3> for LinearBackward {
                 dw = Some(B::float_add_matmul(dw, xt, dy));
             }
             let dw = dw.expect("a batch has at least one row, so one slice");
-            grads.register::<B>(node.id, parameter_grad::<B>(dw, x.dtype(), like_w));
+            register_param::<B>(grads, node.id, parameter_grad::<B>(dw, x.dtype(), like_w));
         }
         if let Some(node) = node_x {
-            // The weight as forward used it: cast again from the master copy, not kept.
-            let wt = float::<B, 2>(cast_prim::<B>(w, x.dtype())).transpose();
-            let mut dx = None;
-            for (start, len) in slices(n, features) {
-                let dy = float::<B, 2>(rows::<B, 2>(&dout, start, len));
-                dx = Some(assign(dx, n, start, dy.matmul(wt.clone())));
-            }
-            let dx = dx.expect("a batch has at least one row, so one slice");
-            grads.register::<B>(node.id, prim(dx));
+            let dx = B::linear_input_grad(dout.clone(), w, features);
+            grads.register::<B>(node.id, dx);
         }
         if let Some(node) = node_b {
             // Summed in f32: a half-precision sum over a large batch loses digits.
             let compute = dout.dtype();
             let dy = float::<B, 2>(cast_prim::<B>(dout, DType::F32));
             let db = prim(dy.sum_dim(0).squeeze::<1>());
-            grads.register::<B>(node.id, parameter_grad::<B>(db, compute, like_b));
+            register_param::<B>(grads, node.id, parameter_grad::<B>(db, compute, like_b));
         }
     }
 }

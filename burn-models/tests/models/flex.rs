@@ -110,3 +110,35 @@ fn pointwise_conv_equals_flexs_conv() {
 fn bits4(t: Tensor<Flex, 4>) -> TensorData {
     t.into_data()
 }
+
+/// The bf16 input gradient of the sliced linear layer, made from the master weight rounded a
+/// block at a time, has the bits of the generic path (a bf16 copy of the weight, Flex's bf16
+/// matmul per slice), on SimpleModel's classifier shape and an odd one (blocks that do not
+/// divide the features); other dtypes take the generic path itself.
+#[test]
+fn bf16_linear_input_grad_equals_the_generic_path() {
+    let device = Default::default();
+    let prim = |t: Tensor<Flex, 2>| t.into_primitive().tensor();
+    let float = |p| Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(p));
+    for (rows, features, outs) in [(40, 64 * 16 * 16, 10), (3, 70_001, 7)] {
+        let dy = Tensor::<Flex, 2>::random([rows, outs], Distribution::Normal(0.0, 1.0), &device);
+        let w =
+            Tensor::<Flex, 2>::random([features, outs], Distribution::Normal(0.0, 0.1), &device);
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            let dy = dy.clone().cast(dtype);
+            let ours = float(<Flex as ModelBackend>::linear_input_grad(
+                prim(dy.clone()),
+                prim(w.clone()),
+                features,
+            ));
+            let generic = float(burn_models::sliced_linear::input_grad_sliced::<Flex>(
+                prim(dy),
+                prim(w.clone()),
+                features,
+            ));
+            assert_eq!(ours.dtype(), dtype);
+            assert_eq!(ours.dims(), [rows, features]);
+            assert_eq!(bits(ours), bits(generic), "{dtype:?} {rows}×{features}");
+        }
+    }
+}

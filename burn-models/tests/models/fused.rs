@@ -31,6 +31,27 @@ const POLICIES: [(&str, Precision); 3] = [
     ),
 ];
 
+/// bf16-mixed: for the CPU's own bf16 kernels, which Flex's generic ops would run through f32
+/// copies.
+const BF16: (&str, Precision) = (
+    "bf16-mixed",
+    Precision {
+        compute: DType::BF16,
+        batch_norm: DType::F32,
+        output: DType::F32,
+    },
+);
+
+/// Largest relative error allowed between two ways of summing a gradient in `compute`: two
+/// roundings of the type (f32: rounding over a different order of the sum).
+fn sum_tolerance(compute: DType) -> f32 {
+    match compute {
+        DType::F32 => 1e-5,
+        DType::BF16 => 1.0 / 128.0,
+        _ => 5e-3,
+    }
+}
+
 /// Whether two tensors hold the same values bit for bit (compared in f32, which holds f16
 /// exactly), with the largest difference for the message.
 fn same<const D: usize>(what: &str, a: Tensor<Flex, D>, b: Tensor<Flex, D>) {
@@ -254,6 +275,67 @@ fn conv_relu_pool_in_slices_equals_the_composed_layers() {
     }
 }
 
+/// SimpleModel's first block, whose input (the images) needs no gradient: the CPU reads the
+/// weight and bias gradients off the pooled gradient (one multiply-add per surviving window
+/// and tap, summed in f32) instead of unpooling it and running the conv backward. Equal to
+/// the composed layers to rounding, and no further from the all-f32 gradient than they are;
+/// a stride-2 conv, which that kernel does not cover, takes the backend's ops and agrees too.
+#[test]
+fn first_block_gradients_off_the_pooled_gradient_equal_the_composed_layers() {
+    let device = Default::default();
+    for (name, p) in POLICIES.into_iter().chain([BF16]) {
+        for stride in [1, 2] {
+            let conv: Conv2d<B> = Conv2dConfig::new([3, 16], [3, 3])
+                .with_stride([stride, stride])
+                .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                .init(&device);
+            let conv = same_weights(conv, 41);
+            let x = random([6, 3, 16, 16], 42);
+            let side = 8 / stride;
+            let weighting = random([6, 16, side, side], 43);
+            let run = |p: &Precision, fused: bool| {
+                let y = match fused {
+                    true => layers::conv_relu_pool(p, &conv, p.compute(x.clone()), 2),
+                    false => layers::max_pool2d(
+                        layers::relu(layers::conv2d(p, &conv, p.compute(x.clone()))),
+                        2,
+                    ),
+                };
+                let grads = (y.clone().cast(DType::F32) * weighting.clone())
+                    .sum()
+                    .backward();
+                let bias = conv.bias.as_ref().expect("a bias").val();
+                (
+                    y.inner(),
+                    conv.weight.val().grad(&grads).expect("dw"),
+                    bias.grad(&grads).expect("db"),
+                )
+            };
+            let (a, b) = (run(&p, true), run(&p, false));
+            let what = format!("{name}, stride {stride}");
+            same(&format!("{what}: output"), a.0, b.0);
+            let reference = run(&Precision::F32, false);
+            let flat = |t: Tensor<Flex, 4>| t.flatten::<1>(0, 3);
+            for (g, ours, theirs, exact) in [
+                ("dw", flat(a.1), flat(b.1), flat(reference.1)),
+                ("db", a.2, b.2, reference.2),
+            ] {
+                assert_eq!(ours.dtype(), DType::F32, "{what}: {g} in f32");
+                let err = relative(ours.clone(), theirs.clone());
+                assert!(
+                    err < sum_tolerance(p.compute),
+                    "{what}: {g} relative error {err}"
+                );
+                let (ours, theirs) = (relative(ours, exact.clone()), relative(theirs, exact));
+                assert!(
+                    ours <= theirs * 1.05 + 1e-6,
+                    "{what}: {g} {ours} from f32, composed {theirs}"
+                );
+            }
+        }
+    }
+}
+
 /// Whole models with `fuse` on and off, from the same seed: the same logits and the same
 /// gradient for every parameter (SimpleModel's conv: to rounding, summed over slices).
 #[test]
@@ -332,11 +414,12 @@ fn grad_list<M: Module<B>>(
 /// batch 40 (ten slices of four rows): output and input gradient per row, so equal bit for
 /// bit; weight and bias gradients are sums over slices in f32, equal to rounding. Under
 /// f16-mixed the f32 weight is cast inside the op and its gradient comes back in f32, rounded
-/// to f16 first as the composed layer's is.
+/// to f16 first as the composed layer's is. Under bf16-mixed, output and input gradient are
+/// within one bf16 rounding of the composed layer's.
 #[test]
 fn sliced_linear_equals_the_composed_layer() {
     let device = Default::default();
-    for (name, p) in POLICIES {
+    for (name, p) in POLICIES.into_iter().chain([BF16]) {
         let fc: Linear<B> = LinearConfig::new(64 * 16 * 16, 10).init(&device);
         let fc = same_weights(fc, 31);
         let x = random([40, 64 * 16 * 16], 32);
@@ -359,14 +442,28 @@ fn sliced_linear_equals_the_composed_layer() {
             )
         };
         let (a, b) = (run(&p, true), run(&p, false));
-        same(&format!("{name}: output"), a.0, b.0);
-        same(&format!("{name}: dx"), a.1, b.1);
+        if p.compute == DType::BF16 {
+            // Composed, Burn's linear rounds the product plus bias once; the op rounds the
+            // product, then the sum (one bf16 step apart at most).
+            let err = relative(a.0, b.0);
+            assert!(err <= 1.0 / 256.0, "{name}: output relative error {err}");
+        } else {
+            same(&format!("{name}: output"), a.0, b.0);
+        }
+        if p.compute == DType::BF16 {
+            // The composed backward, too, is one bf16 step from the op's (which gives the
+            // generic sliced path's bits: tests/models/flex.rs).
+            let err = relative(a.1, b.1);
+            assert!(err <= 1.0 / 256.0, "{name}: dx relative error {err}");
+        } else {
+            same(&format!("{name}: dx"), a.1, b.1);
+        }
         assert_eq!(
             a.2.dtype(),
             DType::F32,
             "{name}: dw in the parameter's dtype"
         );
-        let tolerance = if p.compute == DType::F32 { 1e-5 } else { 5e-3 };
+        let tolerance = sum_tolerance(p.compute);
         let flat = |t: Tensor<Flex, 2>| t.flatten::<1>(0, 1);
         let reference = run(&Precision::F32, false);
         for (what, ours, theirs, exact) in [
@@ -381,6 +478,7 @@ fn sliced_linear_equals_the_composed_layer() {
             let (ours, theirs) = (relative(ours, exact.clone()), relative(theirs, exact));
             let bound = match p.compute {
                 DType::F32 => theirs * 1.05 + 1e-6,
+                DType::BF16 => 1.0 / 128.0,
                 _ => 1.0 / 1024.0,
             };
             assert!(

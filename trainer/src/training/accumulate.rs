@@ -6,11 +6,13 @@
 //! statistics). An epoch's last window may be shorter; it is weighted by its real size and
 //! never borrows samples from the next epoch.
 
+use burn::module::{ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn_models::{ModelBackend, Precision};
+use burn::tensor::TensorPrimitive;
+use burn_models::{grad_sum, ModelBackend, Precision};
 use serde::{Deserialize, Serialize};
 
 use crate::memory::{MemoryProbe, Phase};
@@ -85,7 +87,7 @@ pub fn window_gradients<B>(
 where
     B: AutodiffBackend + ModelBackend,
 {
-    let mut accumulator = GradientsAccumulator::new();
+    let mut sum: Option<GradientsParams> = None;
     let total = window.len() as f64;
     let mut loss_sum = 0.0;
     for micro in window.chunks(batch_size) {
@@ -95,13 +97,105 @@ where
         let loss = loss_fn.forward(logits, labels);
         probe.sample(Phase::AfterForward);
         let share = micro.len() as f64 / total;
+        // The ops add their fresh gradients into the lent sums during backward.
+        let lent = sum.map(|sum| Lent::new(model, sum));
         let grads = loss.clone().mul_scalar(share * loss_scale).backward();
-        accumulator.accumulate(model, GradientsParams::from_grads(grads, model));
+        let mut fresh = GradientsParams::from_grads(grads, model);
+        if let Some(lent) = lent {
+            lent.reclaim(model, &mut fresh);
+        }
+        sum = Some(fresh);
         probe.sample(Phase::AfterBackward);
         loss_sum += share * loss.into_scalar().elem::<f64>();
     }
     WindowGrads {
-        grads: accumulator.grads(),
+        grads: sum.unwrap_or_default(),
         loss: loss_sum,
+    }
+}
+
+/// A window's summed gradients lent to the next backward pass ([`grad_sum`]): each op adds its
+/// fresh parameter gradient into the sum as it makes it, instead of keeping it beside the sum
+/// until backward ends. What no op took is added after backward, as Burn's accumulator does;
+/// both make the same additions, so the sums are the same bits.
+struct Lent {
+    /// Autodiff keys of the sums lent.
+    keys: Vec<u64>,
+    /// Sums of parameters without a key (none under autodiff): kept here, added after.
+    kept: GradientsParams,
+}
+
+impl Lent {
+    /// Lends every parameter's sum in `sum`.
+    fn new<B: AutodiffBackend + ModelBackend, M: Module<B>>(
+        model: &M,
+        sum: GradientsParams,
+    ) -> Self {
+        let mut visitor = LendVisitor {
+            sum,
+            keys: Vec::new(),
+        };
+        model.visit(&mut visitor);
+        Self {
+            keys: visitor.keys,
+            kept: visitor.sum,
+        }
+    }
+
+    /// Adds every sum no op took into `fresh`, the micro-batch's gradients.
+    fn reclaim<B: AutodiffBackend + ModelBackend, M: Module<B>>(
+        mut self,
+        model: &M,
+        fresh: &mut GradientsParams,
+    ) {
+        model.visit(&mut ReclaimVisitor {
+            kept: &mut self.kept,
+            fresh,
+        });
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        // After `reclaim` nothing is left; after a panic in backward, the sums are dropped.
+        grad_sum::forget(&self.keys);
+    }
+}
+
+struct LendVisitor {
+    sum: GradientsParams,
+    keys: Vec<u64>,
+}
+
+impl<B: AutodiffBackend + ModelBackend> ModuleVisitor<B> for LendVisitor {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let Some(key) = B::grad_sum_key(&param.val().into_primitive().tensor()) else {
+            return;
+        };
+        if let Some(sum) = self.sum.remove::<B::InnerBackend, D>(param.id) {
+            grad_sum::lend::<B::InnerBackend>(key, sum.into_primitive().tensor());
+            self.keys.push(key);
+        }
+    }
+}
+
+struct ReclaimVisitor<'a> {
+    kept: &'a mut GradientsParams,
+    fresh: &'a mut GradientsParams,
+}
+
+impl<B: AutodiffBackend + ModelBackend> ModuleVisitor<B> for ReclaimVisitor<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let untaken = B::grad_sum_key(&param.val().into_primitive().tensor())
+            .and_then(grad_sum::reclaim::<B::InnerBackend>)
+            .map(|sum| Tensor::<B::InnerBackend, D>::from_primitive(TensorPrimitive::Float(sum)));
+        let Some(sum) = untaken.or_else(|| self.kept.remove::<B::InnerBackend, D>(param.id)) else {
+            return; // an op added it in already (or the parameter has no gradient)
+        };
+        let total = match self.fresh.remove::<B::InnerBackend, D>(param.id) {
+            Some(fresh) => sum.add(fresh),
+            None => sum,
+        };
+        self.fresh.register::<B::InnerBackend, D>(param.id, total);
     }
 }

@@ -1,6 +1,7 @@
 //! Gradient accumulation against one large batch, and where batch norm breaks the equivalence.
 
 use burn::optim::GradientsAccumulator;
+use burn::tensor::DType;
 use burn_models::Precision;
 use trainer::training::accumulate::Windows;
 
@@ -33,6 +34,40 @@ fn four_micro_batches_of_8_equal_one_batch_of_32_then_one_adam_step() {
         max_param_err(&after_a, &start) > 1e-4,
         "the step moved the weights"
     );
+}
+
+/// The training loop lends each window sum to the next backward pass, and the project's ops add
+/// their fresh gradients into it there (`burn_models::grad_sum`); what they do not take is added
+/// afterwards. Either way the additions are Burn's accumulator's: the sums are the same bits,
+/// composed or fused, in f32 and f16-mixed, with batch norm (MobileNet) and a short last
+/// micro-batch.
+#[test]
+fn accumulating_inside_backward_gives_burns_accumulator_bits() {
+    let half = Precision {
+        compute: DType::F16,
+        batch_norm: DType::F32,
+        output: DType::F32,
+    };
+    let window: Vec<usize> = (0..20).collect();
+    for name in ["simple", "simple-fused", "mobilenet-fused"] {
+        let model = model(name);
+        for p in [Precision::F32, half] {
+            let ours = scaled_grads(&model, &window, 8, &p, 1.0);
+            let mut burn = GradientsAccumulator::new();
+            for micro in window.chunks(8) {
+                let share = micro.len() as f64 / window.len() as f64;
+                let g = scaled_grads(&model, micro, micro.len(), &p, share);
+                burn.accumulate(&model, g);
+            }
+            let (ours, theirs) = (grad_list(&model, &ours), grad_list(&model, &burn.grads()));
+            assert_eq!(ours.len(), theirs.len(), "{name}");
+            assert!(!ours.is_empty(), "{name}");
+            for (i, ((a, _), (b, _))) in ours.iter().zip(&theirs).enumerate() {
+                let diff: f32 = (a.clone() - b.clone()).abs().max().into_scalar();
+                assert_eq!(diff, 0.0, "{name} {:?}: parameter {i}", p.compute);
+            }
+        }
+    }
 }
 
 /// A short last window (20 samples: micro-batches 8, 8, 4) is weighted by its real size. The

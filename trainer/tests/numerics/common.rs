@@ -24,15 +24,19 @@ pub fn settings(overrides: &[&str]) -> Settings {
     load_str("", Path::new("test.toml"), &overrides).unwrap()
 }
 
-/// A small MobileNet (α = 0.25) or SimpleModel, seeded.
+/// A small MobileNet (α = 0.25) or SimpleModel, seeded; `-fused` with `memory.fuse = blocks`.
 pub fn model(name: &str) -> Classifier<B> {
     // The seed is global and tests run in parallel: hold a lock from seeding to the last draw.
     static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = INIT.lock().unwrap_or_else(|e| e.into_inner());
     let device = Default::default();
     <B as Backend>::seed(&device, 3);
+    let mobilenet = ["model.name=mobilenet", "model.width_multiplier=0.25"];
+    let fused = "memory.fuse=blocks";
     let s = match name {
-        "mobilenet" => settings(&["model.name=mobilenet", "model.width_multiplier=0.25"]),
+        "mobilenet" => settings(&mobilenet),
+        "mobilenet-fused" => settings(&[mobilenet[0], mobilenet[1], fused]),
+        "simple-fused" => settings(&[fused]),
         _ => settings(&[]),
     };
     Classifier::init(&s.model, &device).unwrap()

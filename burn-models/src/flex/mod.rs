@@ -7,6 +7,11 @@ use burn::tensor::ops::{ConvOptions, FloatTensorOps};
 use burn::tensor::{bf16, f16, Bytes, DType, Shape, Slice};
 use rayon::prelude::*;
 
+mod linear_grad;
+mod pool_grad;
+pub(crate) use linear_grad::linear_input_grad_bf16;
+pub(crate) use pool_grad::conv_relu_pool_param_grads;
+
 /// `whole` with rows `start..start + len` (first axis) replaced by `part`, written in place.
 ///
 /// Flex's `slice_assign` takes a second reference to its input's buffer before writing, so the
