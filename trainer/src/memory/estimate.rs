@@ -192,6 +192,9 @@ struct Op {
     /// Weight elements whose gradient the op sums over batch slices before it makes its
     /// input gradient (`sliced_linear`).
     weight_sum: u64,
+    /// `slice` on the CPU where it differs: Flex reads the first block's weight and bias
+    /// gradients straight off the pooled gradient, with no full-resolution slice.
+    cpu_slice: Option<u64>,
 }
 
 impl Op {
@@ -216,6 +219,7 @@ fn op(group: &str, saves: u64, input: u64, output: u64) -> Op {
         bf16_f32: 0,
         after_relu: false,
         weight_sum: 0,
+        cpu_slice: None,
     }
 }
 
@@ -252,13 +256,15 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
                     bytes: c * pooled,
                     // Per slice of the batch: the conv output's gradient, the backend's weight
                     // gradient scratch (about twice that), the winners' mask and the output
-                    // gradient's slice (3.5 slices, as measured on Flex in f32 and f16).
+                    // gradient's slice (3.5 slices).
                     slice: 7 * SLICE_VALUES / 2,
-                    // (The CPU's bf16 copies are per slice too: within the slice scratch.)
+                    // The CPU reads the weight gradient off the pooled gradient: no slices.
+                    cpu_slice: Some(0),
+                    // The images get no gradient: nothing is made for the block's input.
                     ..op(
                         "conv+ReLU+max-pool (keeps the images, its output, 1 byte per output)",
                         3 * s * s + c * pooled,
-                        3 * s * s,
+                        0,
                         c * pooled,
                     )
                 };
@@ -376,7 +382,14 @@ struct Bytes {
 /// output and the one it produces for its input are alive. `bf16_f32` adds the f32 copies that
 /// the CPU backend's bf16 kernels make (Flex converts bf16 arguments to f32), `cpu` the
 /// realigned copies of [`Op::cpu_copy`].
-fn backward_excess(ops: &[Op], b: u64, bytes: Bytes, bf16_f32: bool, cpu: bool) -> u64 {
+/// With `accumulating`, an op that adds its weight gradient into the window's sum (which the
+/// model state counts) leaves nothing more alive.
+fn backward_excess(
+    ops: &[Op],
+    b: u64,
+    bytes: Bytes,
+    (bf16_f32, cpu, accumulating): (bool, bool, bool),
+) -> u64 {
     let Bytes {
         compute,
         index,
@@ -387,7 +400,11 @@ fn backward_excess(ops: &[Op], b: u64, bytes: Bytes, bf16_f32: bool, cpu: bool) 
     let forward_end = alive;
     let mut peak = forward_end;
     for o in ops.iter().rev() {
-        let mut in_flight = (b * (o.output + o.input + o.scratch) + o.slice) * compute;
+        let slice = match (cpu, o.cpu_slice) {
+            (true, Some(slice)) => slice,
+            _ => o.slice,
+        };
+        let mut in_flight = (b * (o.output + o.input + o.scratch) + slice) * compute;
         if o.after_relu && o.saves == 0 {
             // Checkpointed: the ReLU output is recomputed for this op's backward.
             in_flight += b * o.input * compute;
@@ -413,8 +430,14 @@ fn backward_excess(ops: &[Op], b: u64, bytes: Bytes, bf16_f32: bool, cpu: bool) 
             in_flight = in_flight.max(b * o.output * compute + o.weight_sum * each);
         }
         peak = peak.max(alive + in_flight);
-        // The op's weight gradient stays in the graph's gradients until backward ends.
-        alive = alive - saved(o) + o.weight_sum * param;
+        // The op's weight gradient stays in the graph's gradients until backward ends, unless
+        // it went into the window's sum at once (`burn_models::grad_sum`).
+        let fresh = if accumulating {
+            0
+        } else {
+            o.weight_sum * param
+        };
+        alive = alive - saved(o) + fresh;
     }
     peak - forward_end
 }
@@ -497,7 +520,7 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         index,
         param: pbytes,
     };
-    let excess = backward_excess(&ops, b, bytes, bf16_f32, cpu);
+    let excess = backward_excess(&ops, b, bytes, (bf16_f32, cpu, t.accum_steps > 1));
     let what = if bf16_f32 {
         "backward: gradients in flight (+ CPU bf16 kernels' f32 copies)"
     } else {

@@ -122,3 +122,30 @@ fn fused_mobilenet_keeps_less_and_learns_the_same() {
     let (f32_plain, amp_fused) = (peaks[0].0, peaks[1].1);
     assert!(amp_fused <= 0.45 * f32_plain, "{amp_fused} vs {f32_plain}");
 }
+
+/// The targets for every shipped config with `fuse = "blocks"`, two steps each: the
+/// training peak at most 1.15× the analytic floor (measured 1.03–1.13× on 2026-12-04, the
+/// widest `amp-accum`) and the estimate within 10% of it (`run` asserts both).
+#[test]
+fn every_shipped_config_fused_is_within_15_percent_of_its_floor() {
+    let mut configs: Vec<_> = std::fs::read_dir(super::common::root().join("configs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    configs.sort();
+    assert!(configs.len() >= 8, "{configs:?}");
+    for path in configs {
+        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let config = format!("configs/{stem}.toml");
+        let sets = ["data.train_size=512"];
+        run(
+            &format!("floor-{stem}"),
+            &config,
+            "2",
+            "blocks",
+            &sets,
+            1.15,
+        );
+    }
+}
