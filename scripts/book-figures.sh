@@ -16,7 +16,8 @@ only=("$@")
 
 # Every measured figure says when, where and from what it was measured.
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-git diff --quiet HEAD -- . ':!docs/src' 2>/dev/null || commit="$commit with uncommitted changes"
+# Text under docs/ changes no measurement; code and configs do.
+git diff --quiet HEAD -- . ':!docs' 2>/dev/null || commit="$commit with uncommitted changes"
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
 stamp="Measured $(date -u +%Y-%m-%d) on $(nproc) cores (${cpu:-$(uname -m)}), CPU backend (Flex), commit $commit, by scripts/book-figures.sh."
 
