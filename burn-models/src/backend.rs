@@ -93,6 +93,28 @@ pub trait ModelBackend: Backend {
         Self::conv2d(x, weight, None, options)
     }
 
+    /// The input gradient of [`float_conv2d`](Self::float_conv2d) for its output gradient
+    /// `dz`. The CPU backend runs depthwise and pointwise convs directly.
+    fn float_conv2d_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        dz: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        Self::conv2d_x_backward(x, weight, dz, options)
+    }
+
+    /// The weight gradient of [`float_conv2d`](Self::float_conv2d) for its output gradient
+    /// `dz`, in the dtype of `x`. The CPU backend runs depthwise and pointwise convs directly.
+    fn float_conv2d_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        dz: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        Self::conv2d_weight_backward(x, weight, dz, options)
+    }
+
     /// `t` converted to the float `dtype` (which differs from its own): how the fused ops cast
     /// the master weights and their gradients. The CPU backend converts directly, where its
     /// generic cast stages every value in f64 (a weight's cast made 8 bytes per weight).
@@ -188,9 +210,43 @@ impl ModelBackend for burn::backend::Flex {
         weight: FloatTensor<Self>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
-        match flex::pointwise_conv(&x, &weight, &options) {
+        let direct = flex::pointwise_conv(&x, &weight, &options)
+            .or_else(|| flex::depthwise_conv(&x, &weight, &options));
+        match direct {
             Some(out) => out,
             None => <Self as burn::tensor::ops::ModuleOps<Self>>::conv2d(x, weight, None, options),
+        }
+    }
+
+    fn float_conv2d_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        dz: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        let direct = flex::pointwise_x_backward(&x, &weight, &dz, &options)
+            .or_else(|| flex::depthwise_x_backward(&x, &weight, &dz, &options));
+        match direct {
+            Some(dx) => dx,
+            None => <Self as burn::tensor::ops::ModuleOps<Self>>::conv2d_x_backward(
+                x, weight, dz, options,
+            ),
+        }
+    }
+
+    fn float_conv2d_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        dz: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        let direct = flex::pointwise_weight_backward(&x, &weight, &dz, &options)
+            .or_else(|| flex::depthwise_weight_backward(&x, &weight, &dz, &options));
+        match direct {
+            Some(dw) => dw,
+            None => <Self as burn::tensor::ops::ModuleOps<Self>>::conv2d_weight_backward(
+                x, weight, dz, options,
+            ),
         }
     }
 

@@ -83,11 +83,12 @@ impl<B: ModelBackend> Backward<B, 4> for ConvBnReluBackward {
         let master = w.dtype();
         let w = cast_prim::<B>(w, x.dtype());
         if let Some(node) = node_x {
-            let dx = B::conv2d_x_backward(x.clone(), w.clone(), dz.clone(), saved.options.clone());
+            let dx =
+                B::float_conv2d_x_backward(x.clone(), w.clone(), dz.clone(), saved.options.clone());
             grads.register::<B>(node.id, dx);
         }
         if let Some(node) = node_w {
-            let dw = B::conv2d_weight_backward(x, w, dz, saved.options);
+            let dw = B::float_conv2d_weight_backward(x, w, dz, saved.options);
             register_param::<B>(grads, node.id, cast_prim::<B>(dw, master));
         }
         for (node, g) in [(node_gamma, dgamma), (node_beta, dbeta)] {

@@ -7,8 +7,13 @@ use burn::tensor::ops::{ConvOptions, FloatTensorOps};
 use burn::tensor::{bf16, f16, Bytes, DType, Shape, Slice};
 use rayon::prelude::*;
 
+mod conv;
 mod linear_grad;
 mod pool_grad;
+pub(crate) use conv::{
+    depthwise_conv, depthwise_weight_backward, depthwise_x_backward, pointwise_weight_backward,
+    pointwise_x_backward,
+};
 pub(crate) use linear_grad::linear_input_grad_bf16;
 pub(crate) use pool_grad::conv_relu_pool_param_grads;
 

@@ -116,7 +116,10 @@ fn batch_norm(channels: usize) -> BatchNorm<B> {
 }
 
 /// Conv → BN → ReLU, fused and composed, for a dense 3×3, a depthwise stride-2 3×3 and a
-/// pointwise 1×1: output, running statistics and every gradient (x, w, γ, β) bit for bit.
+/// pointwise 1×1: output, running statistics and every gradient (x, w, γ, β). The dense conv
+/// runs through Flex's ops either way: bit for bit. The CPU runs depthwise and pointwise convs
+/// directly (`flex/conv.rs`), whose sums go in another order: equal to the compute dtype's
+/// rounding.
 #[test]
 fn conv_bn_relu_equals_the_composed_layers() {
     let device = Default::default();
@@ -158,13 +161,26 @@ fn conv_bn_relu_equals_the_composed_layers() {
                 )
             };
             let (a, b) = (run(true), run(false));
-            same(&format!("{what}: output"), a.0, b.0);
-            same(&format!("{what}: dx"), a.1, b.1);
-            same(&format!("{what}: dw"), a.2, b.2);
-            same(&format!("{what}: dγ"), a.3, b.3);
-            same(&format!("{what}: dβ"), a.4, b.4);
-            same(&format!("{what}: running mean"), a.5, b.5);
-            same(&format!("{what}: running variance"), a.6, b.6);
+            let direct = groups > 1 || k == 1;
+            let check = |part: &str, x: Tensor<Flex, 1>, y: Tensor<Flex, 1>| {
+                let part = format!("{what}: {part}");
+                match direct {
+                    false => same(&part, x, y),
+                    true => {
+                        let err = relative(x, y);
+                        let tolerance = sum_tolerance(p.compute) * 4.0;
+                        assert!(err <= tolerance, "{part}: relative error {err}");
+                    }
+                }
+            };
+            let flat = |t: Tensor<Flex, 4>| t.flatten::<1>(0, 3);
+            check("output", flat(a.0), flat(b.0));
+            check("dx", flat(a.1), flat(b.1));
+            check("dw", flat(a.2), flat(b.2));
+            check("dγ", a.3, b.3);
+            check("dβ", a.4, b.4);
+            check("running mean", a.5, b.5);
+            check("running variance", a.6, b.6);
         }
     }
 }
@@ -376,13 +392,60 @@ fn fused_models_equal_the_composed_ones() {
             let params = grad_list(&m, &grads);
             (y.inner(), params)
         };
+        // The CPU's direct depthwise and pointwise convs sum in another order than Flex's:
+        // in f32 equal to rounding. In half precision every layer rounds, and at batch 2 many
+        // single gradients are sums that nearly cancel, so the comparison is over all of
+        // them at once: the fused model is as close to the all-f32 one as the composed model.
         let (a, b) = (mobilenet(true), mobilenet(false));
-        same(&format!("MobileNet {name}: logits"), a.0, b.0);
         assert_eq!(a.1.len(), b.1.len());
-        for (i, (ga, gb)) in a.1.into_iter().zip(b.1).enumerate() {
-            same(&format!("MobileNet {name}: parameter {i}"), ga, gb);
+        let logits = |t: Tensor<Flex, 2>| t.flatten::<1>(0, 1);
+        let all = |(l, g): (Tensor<Flex, 2>, Vec<Tensor<Flex, 1>>)| {
+            let mut parts = vec![logits(l)];
+            parts.extend(g);
+            parts
+        };
+        let (a, b) = (all(a), all(b));
+        if p.compute == DType::F32 {
+            for (i, (ours, theirs)) in a.into_iter().zip(b).enumerate() {
+                let err = relative(ours, theirs);
+                assert!(
+                    err <= 1e-4,
+                    "MobileNet {name}: part {i}: relative error {err}"
+                );
+            }
+        } else {
+            let exact = all(mobilenet_f32(&x));
+            let (ours, theirs) = (l2_error(&a, &exact), l2_error(&b, &exact));
+            assert!(
+                ours <= 1.25 * theirs + 1e-3,
+                "MobileNet {name}: fused {ours} from f32, composed {theirs}"
+            );
         }
     }
+}
+
+/// ‖a − b‖ / ‖b‖ over every tensor of `a` and `b` together.
+fn l2_error(a: &[Tensor<Flex, 1>], b: &[Tensor<Flex, 1>]) -> f32 {
+    let (mut diff, mut norm) = (0f32, 0f32);
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (x.clone().cast(DType::F32), y.clone().cast(DType::F32));
+        diff += (x - y.clone()).square().sum().into_scalar();
+        norm += y.square().sum().into_scalar();
+    }
+    (diff / norm.max(1e-30)).sqrt()
+}
+
+/// The composed MobileNet (α 0.25) of the test above in f32: logits and every gradient.
+fn mobilenet_f32(x: &Tensor<B, 4>) -> (Tensor<Flex, 2>, Vec<Tensor<Flex, 1>>) {
+    let m = MobileNetConfig::cifar()
+        .with_width_multiplier(0.25)
+        .init::<B>(&Default::default())
+        .expect("a valid config");
+    let m = same_weights(m, 1);
+    let y = m.forward(x.clone(), &Precision::F32);
+    let grads = y.clone().sum().backward();
+    let params = grad_list(&m, &grads);
+    (y.inner(), params)
 }
 
 /// Every float parameter's gradient of `module`, flattened, in visiting order.

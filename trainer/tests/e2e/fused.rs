@@ -98,11 +98,17 @@ fn fused_simple_model_keeps_under_60_percent_and_learns_the_same() {
 
 /// MobileNet α 0.5, batch 64, f32 and f16-mixed (BN in f32): fusing conv → BN → ReLU drops
 /// one of three kept tensors per stage, measured 0.71× in f32 and 0.73× in f16-mixed on
-/// 2026-12-04; the losses are the same bits (nothing is summed differently).
+/// 2026-12-04. On the CPU the fused blocks' depthwise and pointwise convs sum in another order
+/// than Flex's: in f32 the losses agree to 1e-3 relative. In f16-mixed, Adam's first steps
+/// (about the sign of each gradient) turn rounding into different updates, so both f16 curves
+/// stray from the f32 one (1–2% at step 2, 2026-12-04): the fused curve strays no further than
+/// the composed one. The initial loss scale is one that does not overflow, so neither run skips
+/// a step (a skipped step is a different curve, not a rounding).
 #[test]
 fn fused_mobilenet_keeps_less_and_learns_the_same() {
-    let sets = ["data.train_size=256"];
+    let sets = ["data.train_size=256", "precision.init_scale=1024"];
     let mut peaks = Vec::new();
+    let mut f32_losses = Vec::new();
     for config in ["configs/mobilenet.toml", "configs/mobilenet-amp.toml"] {
         let stem = Path::new(config).file_stem().unwrap().to_string_lossy();
         let name = |fuse: &str| format!("fuse-{stem}-{fuse}");
@@ -111,7 +117,24 @@ fn fused_mobilenet_keeps_less_and_learns_the_same() {
         let (fused, predicted, fused_losses) =
             run(&name("blocks"), config, "3", "blocks", &sets, 1.15);
         assert!(fused <= 0.8 * plain, "{config}: fused {fused} vs {plain}");
-        assert_eq!(fused_losses, plain_losses, "{config}");
+        assert_eq!(fused_losses.len(), plain_losses.len(), "{config}");
+        if f32_losses.is_empty() {
+            let gap = curve_gap(&fused_losses, &plain_losses);
+            assert!(
+                gap < 1e-3,
+                "{config}: loss curves differ by {gap} (relative)"
+            );
+            f32_losses = plain_losses;
+        } else {
+            let (fused_gap, plain_gap) = (
+                curve_gap(&fused_losses, &f32_losses),
+                curve_gap(&plain_losses, &f32_losses),
+            );
+            assert!(
+                fused_gap <= 2.0 * plain_gap + 1e-3,
+                "{config}: fused {fused_gap} from the f32 curve, composed {plain_gap}"
+            );
+        }
         assert!(
             (predicted / fused - 1.0).abs() < 0.25,
             "{config}: estimate {predicted} vs measured {fused}"
