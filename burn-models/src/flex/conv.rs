@@ -21,24 +21,20 @@ use std::borrow::Cow;
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{bf16, f16, Bytes, DType, Shape};
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 /// Values `start..start + len` of a contiguous float tensor, as f32 (borrowed when f32).
 fn values(t: &FlexTensor, start: usize, len: usize) -> Cow<'_, [f32]> {
     let at = t.layout().start_offset() + start;
+    let widened = |f: &dyn Fn(&mut [f32])| {
+        let mut v = vec![0f32; len];
+        f(&mut v);
+        Cow::Owned(v)
+    };
     match t.dtype() {
-        DType::F16 => Cow::Owned(
-            t.storage::<f16>()[at..at + len]
-                .iter()
-                .map(|v| v.to_f32())
-                .collect(),
-        ),
-        DType::BF16 => Cow::Owned(
-            t.storage::<bf16>()[at..at + len]
-                .iter()
-                .map(|v| v.to_f32())
-                .collect(),
-        ),
+        DType::F16 => widened(&|d| t.storage::<f16>()[at..at + len].convert_to_f32_slice(d)),
+        DType::BF16 => widened(&|d| t.storage::<bf16>()[at..at + len].convert_to_f32_slice(d)),
         _ => Cow::Borrowed(&t.storage::<f32>()[at..at + len]),
     }
 }
@@ -60,7 +56,7 @@ fn build(
         n: usize,
         per: usize,
         zero: H,
-        narrow: fn(f32) -> H,
+        narrow: fn(&[f32], &mut [H]),
         f: &(impl Fn(usize, &mut [f32]) + Sync),
     ) -> Bytes {
         let mut out = vec![zero; n * per];
@@ -69,16 +65,14 @@ fn build(
             |buf, (i, o)| {
                 buf.fill(0.0);
                 f(i, buf);
-                o.iter_mut()
-                    .zip(buf.iter())
-                    .for_each(|(o, &v)| *o = narrow(v));
+                narrow(buf, o);
             },
         );
         Bytes::from_elems(out)
     }
     let bytes = match dtype {
-        DType::F16 => narrowed(n, per, f16::ZERO, f16::from_f32, &f),
-        DType::BF16 => narrowed(n, per, bf16::ZERO, bf16::from_f32, &f),
+        DType::F16 => narrowed(n, per, f16::ZERO, |s, d| d.convert_from_f32_slice(s), &f),
+        DType::BF16 => narrowed(n, per, bf16::ZERO, |s, d| d.convert_from_f32_slice(s), &f),
         _ => {
             let mut out = vec![0f32; n * per];
             out.par_chunks_mut(per.max(1))

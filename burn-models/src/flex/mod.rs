@@ -5,6 +5,7 @@ use burn::backend::flex::{FlexTensor, Layout};
 use burn::backend::Flex;
 use burn::tensor::ops::{ConvOptions, FloatTensorOps};
 use burn::tensor::{bf16, f16, Bytes, DType, Shape, Slice};
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 mod conv;
@@ -290,12 +291,38 @@ pub(crate) fn convert(t: FlexTensor, dtype: DType) -> FlexTensor {
             dtype,
         )
     }
+    /// With half's slice conversions (F16C, eight values at a time, where the CPU has it).
+    fn sliced<S: bytemuck::Pod + burn::tensor::Element, D: bytemuck::Pod + Send + Sync>(
+        t: &FlexTensor,
+        dtype: DType,
+        zero: D,
+        f: impl Fn(&[S], &mut [D]),
+    ) -> FlexTensor {
+        let t = t.to_contiguous();
+        let src = &t.storage::<S>()[t.layout().start_offset()..];
+        let len = t.layout().shape().iter().product::<usize>();
+        let mut values = vec![zero; len];
+        f(&src[..len], &mut values);
+        FlexTensor::new(
+            Bytes::from_elems(values),
+            Layout::contiguous(t.layout().shape().clone()),
+            dtype,
+        )
+    }
     match (t.dtype(), dtype) {
         (a, b) if a == b => t,
-        (DType::F32, DType::F16) => to(&t, dtype, f16::from_f32),
-        (DType::F32, DType::BF16) => to(&t, dtype, bf16::from_f32),
-        (DType::F16, DType::F32) => to(&t, dtype, |v: f16| v.to_f32()),
-        (DType::BF16, DType::F32) => to(&t, dtype, |v: bf16| v.to_f32()),
+        (DType::F32, DType::F16) => sliced(&t, dtype, f16::ZERO, |s: &[f32], d: &mut [f16]| {
+            d.convert_from_f32_slice(s)
+        }),
+        (DType::F32, DType::BF16) => sliced(&t, dtype, bf16::ZERO, |s: &[f32], d: &mut [bf16]| {
+            d.convert_from_f32_slice(s)
+        }),
+        (DType::F16, DType::F32) => sliced(&t, dtype, 0f32, |s: &[f16], d: &mut [f32]| {
+            s.convert_to_f32_slice(d)
+        }),
+        (DType::BF16, DType::F32) => sliced(&t, dtype, 0f32, |s: &[bf16], d: &mut [f32]| {
+            s.convert_to_f32_slice(d)
+        }),
         (DType::F16, DType::BF16) => to(&t, dtype, |v: f16| bf16::from_f32(v.to_f32())),
         (DType::BF16, DType::F16) => to(&t, dtype, |v: bf16| f16::from_f32(v.to_f32())),
         _ => Flex::float_cast(t, dtype.into()),
