@@ -146,6 +146,19 @@ impl Depthwise {
         })
     }
 
+    /// [`of`](Self::of), when `dz` is also the gradient of that conv's output.
+    fn with_gradient(
+        x: &FlexTensor,
+        weight: &FlexTensor,
+        dz: &FlexTensor,
+        o: &ConvOptions<2>,
+    ) -> Option<Self> {
+        let g = Self::of(x, weight, o)?;
+        let fits =
+            dz.layout().shape().to_vec() == [g.n, g.c, g.ho, g.wo] && dz.dtype() == x.dtype();
+        fits.then_some(g)
+    }
+
     /// Output positions `a..b` along an axis of `out` outputs whose input `pos · stride + t −
     /// pad` lies in `0..size`, for tap `t`.
     fn range(&self, t: usize, out: usize, size: usize) -> (usize, usize) {
@@ -206,10 +219,7 @@ pub(crate) fn depthwise_x_backward(
     dz: &FlexTensor,
     o: &ConvOptions<2>,
 ) -> Option<FlexTensor> {
-    let g = Depthwise::of(x, weight, o)?;
-    if dz.layout().shape().to_vec() != [g.n, g.c, g.ho, g.wo] || dz.dtype() != x.dtype() {
-        return None;
-    }
+    let g = Depthwise::with_gradient(x, weight, dz, o)?;
     let (weight, dz) = (weight.to_contiguous(), dz.to_contiguous());
     let ws = values(&weight, 0, g.c * g.k * g.k);
     let (plane_in, plane_out) = (g.h * g.w, g.ho * g.wo);
@@ -237,10 +247,7 @@ pub(crate) fn depthwise_weight_backward(
     dz: &FlexTensor,
     o: &ConvOptions<2>,
 ) -> Option<FlexTensor> {
-    let g = Depthwise::of(x, weight, o)?;
-    if dz.layout().shape().to_vec() != [g.n, g.c, g.ho, g.wo] || dz.dtype() != x.dtype() {
-        return None;
-    }
+    let g = Depthwise::with_gradient(x, weight, dz, o)?;
     let (x, dz) = (x.to_contiguous(), dz.to_contiguous());
     let (plane_in, plane_out, taps) = (g.h * g.w, g.ho * g.wo, g.k * g.k);
     let mut dw = vec![0f32; g.c * taps];

@@ -111,3 +111,16 @@ pub fn curve_gap(a: &[f64], b: &[f64]) -> f64 {
         .map(|(x, y)| (x - y).abs() / y.abs().max(1e-12))
         .fold(0.0, f64::max)
 }
+
+/// The shipped configs (`configs/*.toml`) as `configs/NAME.toml`, sorted; at least eight.
+pub fn shipped_configs() -> Vec<String> {
+    let mut configs: Vec<String> = std::fs::read_dir(root().join("configs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .map(|p| format!("configs/{}", p.file_name().unwrap().to_string_lossy()))
+        .collect();
+    configs.sort();
+    assert!(configs.len() >= 8, "{configs:?}");
+    configs
+}

@@ -151,16 +151,12 @@ fn fused_mobilenet_keeps_less_and_learns_the_same() {
 /// widest `amp-accum`) and the estimate within 10% of it (`run` asserts both).
 #[test]
 fn every_shipped_config_fused_is_within_15_percent_of_its_floor() {
-    let mut configs: Vec<_> = std::fs::read_dir(super::common::root().join("configs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-        .collect();
-    configs.sort();
-    assert!(configs.len() >= 8, "{configs:?}");
-    for path in configs {
-        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
-        let config = format!("configs/{stem}.toml");
+    for config in super::common::shipped_configs() {
+        let stem = Path::new(&config)
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         let sets = ["data.train_size=512"];
         run(
             &format!("floor-{stem}"),

@@ -115,16 +115,12 @@ fn the_summary_reports_peaks_and_phases() {
 /// adds the f32 copies Flex's bf16 kernels make in backward).
 #[test]
 fn the_estimate_is_within_25_percent_of_the_measured_peak_for_every_shipped_config() {
-    let mut configs: Vec<_> = std::fs::read_dir(super::common::root().join("configs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-        .collect();
-    configs.sort();
-    assert!(configs.len() >= 8, "{configs:?}");
-    for path in configs {
-        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-        let config = format!("configs/{name}.toml");
+    for config in super::common::shipped_configs() {
+        let name = std::path::Path::new(&config)
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         let (_, s) = train(
             &format!("est-{name}"),
             &[
