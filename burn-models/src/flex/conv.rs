@@ -24,6 +24,8 @@ use burn::tensor::{bf16, f16, Bytes, DType, Shape};
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
+use super::gemm_f32;
+
 /// Values `start..start + len` of a contiguous float tensor, as f32 (borrowed when f32).
 fn values(t: &FlexTensor, start: usize, len: usize) -> Cow<'_, [f32]> {
     let at = t.layout().start_offset() + start;
@@ -298,56 +300,10 @@ fn pointwise(
         && supported(x)
         && weight.dtype() == x.dtype()
         && dz.dtype() == x.dtype();
-    ok.then(|| (xd[0], xd[1], wd[0], xd[2] * xd[3]))
-}
-
-/// `dst [rows, cols] (= or +=) lhs · rhs` in f32 with the given (row, column) strides.
-#[allow(clippy::too_many_arguments)]
-fn gemm_f32(
-    (rows, cols, inner): (usize, usize, usize),
-    dst: &mut [f32],
-    add: bool,
-    lhs: &[f32],
-    (l_rs, l_cs): (usize, usize),
-    rhs: &[f32],
-    (r_rs, r_cs): (usize, usize),
-    parallel: bool,
-) {
-    // The extents the strides reach, checked so that the call below stays in bounds.
-    let reach = |r: usize, c: usize, rs: usize, cs: usize| (r - 1) * rs + (c - 1) * cs + 1;
-    assert!(rows > 0 && cols > 0 && inner > 0);
-    assert!(dst.len() >= rows * cols);
-    assert!(lhs.len() >= reach(rows, inner, l_rs, l_cs));
-    assert!(rhs.len() >= reach(inner, cols, r_rs, r_cs));
-    let parallelism = match parallel && rows * cols * inner >= 1 << 18 {
-        true => gemm::Parallelism::Rayon(0),
-        false => gemm::Parallelism::None,
-    };
-    // SAFETY: the asserts above keep every address the strides form inside the slices; `dst`
-    // is row-major [rows, cols].
-    unsafe {
-        gemm::gemm(
-            rows,
-            cols,
-            inner,
-            dst.as_mut_ptr(),
-            1,
-            cols as isize,
-            add,
-            lhs.as_ptr(),
-            l_cs as isize,
-            l_rs as isize,
-            rhs.as_ptr(),
-            r_cs as isize,
-            r_rs as isize,
-            if add { 1f32 } else { 0f32 },
-            1f32,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
+    let dims = ok.then(|| (xd[0], xd[1], wd[0], xd[2] * xd[3]))?;
+    // An empty batch, channel set or image has nothing for gemm to do: Flex's ops take it.
+    let (n, k, m, s) = dims;
+    [n, k, m, s].iter().all(|&d| d > 0).then_some(dims)
 }
 
 /// Pointwise conv input gradient: `dxᵢ [k, s] = Wᵀ [k, m] · dzᵢ [m, s]`, an image per task.
@@ -358,9 +314,6 @@ pub(crate) fn pointwise_x_backward(
     o: &ConvOptions<2>,
 ) -> Option<FlexTensor> {
     let (n, k, m, s) = pointwise(x, weight, dz, o)?;
-    if n * k * m * s == 0 {
-        return None;
-    }
     let (weight, dz) = (weight.to_contiguous(), dz.to_contiguous());
     let ws = values(&weight, 0, m * k);
     let shape = x.layout().shape().to_vec();
@@ -380,9 +333,6 @@ pub(crate) fn pointwise_weight_backward(
     o: &ConvOptions<2>,
 ) -> Option<FlexTensor> {
     let (n, k, m, s) = pointwise(x, weight, dz, o)?;
-    if n * k * m * s == 0 {
-        return None;
-    }
     let (x, dz) = (x.to_contiguous(), dz.to_contiguous());
     let mut dw = vec![0f32; m * k];
     for i in 0..n {

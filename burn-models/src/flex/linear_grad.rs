@@ -12,7 +12,7 @@
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{bf16, Bytes, DType, Shape};
 
-use super::convert;
+use super::{convert, gemm_f32};
 
 /// Values of the f32 product made per block of input features.
 const BLOCK_VALUES: usize = 1 << 16;
@@ -55,33 +55,18 @@ pub(crate) fn linear_input_grad_bf16(dy: &FlexTensor, weight: &FlexTensor) -> Op
                 rounded[kk * len + j] = bf16::from_f32(w).to_f32();
             }
         }
-        // product [n, len] (row stride len) = dy [n, outs] (row stride outs) · rounded [outs,
-        // len] (row stride len).
-        // SAFETY: `product` holds n·len values, `dys` n·outs, `rounded` outs·len; the strides
-        // address exactly those.
-        unsafe {
-            gemm::gemm(
-                n,
-                len,
-                outs,
-                product.as_mut_ptr(),
-                1,
-                len as isize,
-                false,
-                dys.as_ptr(),
-                1,
-                outs as isize,
-                rounded.as_ptr(),
-                1,
-                len as isize,
-                0f32,
-                1f32,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
-        }
+        // product [n, len] = dy [n, outs] (row stride outs) · rounded [outs, len] (row
+        // stride len).
+        gemm_f32(
+            (n, len, outs),
+            product,
+            false,
+            dys,
+            (outs, 1),
+            rounded,
+            (len, 1),
+            false,
+        );
         for (row, values) in product.chunks_exact(len).enumerate() {
             let dst = &mut dx[row * ins + start..][..len];
             for (d, &v) in dst.iter_mut().zip(values) {

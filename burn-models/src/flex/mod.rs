@@ -339,3 +339,52 @@ fn strides2(t: &FlexTensor) -> (isize, isize) {
     let s = t.layout().strides();
     (s[0], s[1])
 }
+
+/// `dst [rows, cols] (= or +=) lhs · rhs` in f32 with the given (row, column) strides.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_f32(
+    (rows, cols, inner): (usize, usize, usize),
+    dst: &mut [f32],
+    add: bool,
+    lhs: &[f32],
+    (l_rs, l_cs): (usize, usize),
+    rhs: &[f32],
+    (r_rs, r_cs): (usize, usize),
+    parallel: bool,
+) {
+    // The extents the strides reach, checked so that the call below stays in bounds.
+    let reach = |r: usize, c: usize, rs: usize, cs: usize| (r - 1) * rs + (c - 1) * cs + 1;
+    assert!(rows > 0 && cols > 0 && inner > 0);
+    assert!(dst.len() >= rows * cols);
+    assert!(lhs.len() >= reach(rows, inner, l_rs, l_cs));
+    assert!(rhs.len() >= reach(inner, cols, r_rs, r_cs));
+    let parallelism = match parallel && rows * cols * inner >= 1 << 18 {
+        true => gemm::Parallelism::Rayon(0),
+        false => gemm::Parallelism::None,
+    };
+    // SAFETY: the asserts above keep every address the strides form inside the slices; `dst`
+    // is row-major [rows, cols].
+    unsafe {
+        gemm::gemm(
+            rows,
+            cols,
+            inner,
+            dst.as_mut_ptr(),
+            1,
+            cols as isize,
+            add,
+            lhs.as_ptr(),
+            l_cs as isize,
+            l_rs as isize,
+            rhs.as_ptr(),
+            r_cs as isize,
+            r_rs as isize,
+            if add { 1f32 } else { 0f32 },
+            1f32,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
