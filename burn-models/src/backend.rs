@@ -82,37 +82,63 @@ pub trait ModelBackend: Backend {
         Self::float_slice_assign(whole, &[Slice::from(start..start + len)], part)
     }
 
-    /// `conv2d(x, weight)` without a bias, as the fused ops call it. The CPU backend runs a
-    /// pointwise (1×1) conv with the image's positions on gemm's left, so that gemm does not
-    /// pack the whole weight for every image.
+    /// `conv2d(x, weight)` without a bias, in the dtype of `x`, as the fused ops call it:
+    /// `weight` may be the (wider) master copy, which is cast to that dtype first. The CPU
+    /// backend runs depthwise and pointwise convs directly (in f32, the pointwise one with the
+    /// image's positions on gemm's left, so that gemm does not pack the whole weight for every
+    /// image) and rounds a master weight as it reads it, making no half copy of it.
     fn float_conv2d(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
+        let weight = cast_prim::<Self>(weight, x.dtype());
         Self::conv2d(x, weight, None, options)
     }
 
-    /// The input gradient of [`float_conv2d`](Self::float_conv2d) for its output gradient
-    /// `dz`. The CPU backend runs depthwise and pointwise convs directly.
+    /// The input gradient, in the dtype of `x`, of [`float_conv2d`](Self::float_conv2d)
+    /// computed in that dtype with `weight` (its master copy, possibly wider) cast to it, for
+    /// the output gradient `dz`. The CPU backend runs depthwise and pointwise convs directly,
+    /// rounds the master weight as it reads it (backward makes no half copy of it) and drops
+    /// `x`, of which it reads only the shape, before it makes the gradient.
     fn float_conv2d_x_backward(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         dz: FloatTensor<Self>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
-        Self::conv2d_x_backward(x, weight, dz, options)
+        conv2d_x_backward_cast::<Self>(x, weight, dz, options)
     }
 
-    /// The weight gradient of [`float_conv2d`](Self::float_conv2d) for its output gradient
-    /// `dz`, in the dtype of `x`. The CPU backend runs depthwise and pointwise convs directly.
+    /// The weight gradient of the same conv, as that conv makes it (in the dtype of `x`), then
+    /// stored in the dtype of `weight`. The CPU backend runs depthwise and pointwise convs
+    /// directly, summing in f32 and rounding once.
     fn float_conv2d_weight_backward(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         dz: FloatTensor<Self>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
-        Self::conv2d_weight_backward(x, weight, dz, options)
+        conv2d_weight_backward_cast::<Self>(x, weight, dz, options)
+    }
+
+    /// The gradients `[dz, dγ, dβ]` of training-mode batch norm followed by a ReLU, from batch
+    /// norm's input `z`, its `[channels]` parameters and saved statistics (`mean`, `rstd` in
+    /// `work`) and the ReLU output's gradient `dout`, as the [fused
+    /// block](crate::conv_bn_relu) needs them. The CPU backend runs half-precision activations
+    /// with f32 statistics in two passes that widen a plane at a time.
+    #[allow(clippy::too_many_arguments)]
+    fn bn_relu_backward(
+        z: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        work: DType,
+        dout: FloatTensor<Self>,
+    ) -> [FloatTensor<Self>; 3] {
+        let stats = batch_norm::SavedStats { mean, rstd, work };
+        batch_norm::relu_backward::<Self>(z, gamma, beta, &stats, dout)
     }
 
     /// `t` converted to the float `dtype` (which differs from its own): how the fused ops cast
@@ -196,6 +222,30 @@ pub trait ModelBackend: Backend {
     }
 }
 
+/// Burn's conv input gradient with `weight` cast to the dtype of `x` first.
+fn conv2d_x_backward_cast<B: ModelBackend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    dz: FloatTensor<B>,
+    options: ConvOptions<2>,
+) -> FloatTensor<B> {
+    let weight = cast_prim::<B>(weight, x.dtype());
+    B::conv2d_x_backward(x, weight, dz, options)
+}
+
+/// Burn's conv weight gradient with `weight` cast to the dtype of `x` first, and the gradient
+/// cast back to the weight's dtype.
+fn conv2d_weight_backward_cast<B: ModelBackend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    dz: FloatTensor<B>,
+    options: ConvOptions<2>,
+) -> FloatTensor<B> {
+    let master = weight.dtype();
+    let weight = cast_prim::<B>(weight, x.dtype());
+    cast_prim::<B>(B::conv2d_weight_backward(x, weight, dz, options), master)
+}
+
 impl ModelBackend for burn::backend::Flex {
     fn float_write_rows(
         whole: FloatTensor<Self>,
@@ -214,7 +264,10 @@ impl ModelBackend for burn::backend::Flex {
             .or_else(|| flex::depthwise_conv(&x, &weight, &options));
         match direct {
             Some(out) => out,
-            None => <Self as burn::tensor::ops::ModuleOps<Self>>::conv2d(x, weight, None, options),
+            None => {
+                let weight = cast_prim::<Self>(weight, x.dtype());
+                <Self as burn::tensor::ops::ModuleOps<Self>>::conv2d(x, weight, None, options)
+            }
         }
     }
 
@@ -224,13 +277,11 @@ impl ModelBackend for burn::backend::Flex {
         dz: FloatTensor<Self>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
-        let direct = flex::pointwise_x_backward(&x, &weight, &dz, &options)
-            .or_else(|| flex::depthwise_x_backward(&x, &weight, &dz, &options));
+        let direct = flex::pointwise_x_backward(x, &weight, &dz, &options)
+            .or_else(|x| flex::depthwise_x_backward(x, &weight, &dz, &options));
         match direct {
-            Some(dx) => dx,
-            None => <Self as burn::tensor::ops::ModuleOps<Self>>::conv2d_x_backward(
-                x, weight, dz, options,
-            ),
+            Ok(dx) => dx,
+            Err(x) => conv2d_x_backward_cast::<Self>(x, weight, dz, options),
         }
     }
 
@@ -244,10 +295,27 @@ impl ModelBackend for burn::backend::Flex {
             .or_else(|| flex::depthwise_weight_backward(&x, &weight, &dz, &options));
         match direct {
             Some(dw) => dw,
-            None => <Self as burn::tensor::ops::ModuleOps<Self>>::conv2d_weight_backward(
-                x, weight, dz, options,
-            ),
+            None => conv2d_weight_backward_cast::<Self>(x, weight, dz, options),
         }
+    }
+
+    fn bn_relu_backward(
+        z: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        work: DType,
+        dout: FloatTensor<Self>,
+    ) -> [FloatTensor<Self>; 3] {
+        let direct = match work {
+            DType::F32 => flex::bn_relu_backward(&z, &dout, [&gamma, &beta, &mean, &rstd]),
+            _ => None,
+        };
+        direct.unwrap_or_else(|| {
+            let stats = batch_norm::SavedStats { mean, rstd, work };
+            batch_norm::relu_backward::<Self>(z, gamma, beta, &stats, dout)
+        })
     }
 
     fn float_convert(t: FloatTensor<Self>, dtype: DType) -> FloatTensor<Self> {

@@ -184,6 +184,21 @@ pub(crate) fn backward<B: ModelBackend>(
     [prim(cast(dx, x_dtype)), sum(mean_dy_xhat), sum(mean_dy)]
 }
 
+/// The gradients `[dz, dγ, dβ]` of batch norm followed by a ReLU, from batch norm's saved input
+/// `z` and statistics and the ReLU output's gradient `dout`: the ReLU's mask is rebuilt from
+/// the recomputed output, then [`backward`] runs on the masked gradient.
+pub(crate) fn relu_backward<B: ModelBackend>(
+    z: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    stats: &SavedStats<B>,
+    dout: FloatTensor<B>,
+) -> [FloatTensor<B>; 3] {
+    let y = recompute::<B>(z.clone(), gamma.clone(), beta, stats);
+    let dy = B::relu_backward(y, dout);
+    backward::<B>(z, gamma, stats, dy)
+}
+
 /// Per-channel statistics the backward pass needs, in the working dtype.
 #[derive(Clone, Debug)]
 pub(crate) struct SavedStats<B: Backend> {

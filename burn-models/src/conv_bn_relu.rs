@@ -13,7 +13,8 @@
 //! backward  y = BN(z) again → dy = dout·[y > 0] → dz, dγ, dβ (BN) → dx, dw (conv)
 //! ```
 //! The conv computes in the input's dtype; the weight may come as the f32 master copy and is
-//! cast inside the op (forward and again in backward), so no half copy of it is kept.
+//! cast inside the op (forward, and in backward by the backend's conv gradients, which on the
+//! CPU round it as they read it), so no half copy of it is kept.
 //! Everything is written over backend primitives, so it runs on Flex, CUDA and wgpu alike.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -23,12 +24,11 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{ConvOptions, FloatTensor};
-use burn::tensor::{DType, TensorMetadata};
+use burn::tensor::DType;
 
 use crate::backend::ModelBackend;
 use crate::batch_norm::{self, BatchNormOutput, SavedStats};
 use crate::grad_sum::register_param;
-use crate::precision::cast_prim;
 
 /// The composed block, for backends without an autodiff graph.
 pub(crate) fn conv_bn_relu_plain<B: ModelBackend>(
@@ -40,7 +40,6 @@ pub(crate) fn conv_bn_relu_plain<B: ModelBackend>(
     work: DType,
     epsilon: f64,
 ) -> BatchNormOutput<B> {
-    let weight = cast_prim::<B>(weight, x.dtype());
     let z = B::float_conv2d(x, weight, options);
     let bn = batch_norm::batch_norm_plain::<B>(z, gamma, beta, work, epsilon);
     BatchNormOutput {
@@ -75,21 +74,27 @@ impl<B: ModelBackend> Backward<B, 4> for ConvBnReluBackward {
         let beta = ckpt.retrieve_node_output::<FloatTensor<B>>(beta_id);
 
         // The ReLU's mask, from the batch-norm output recomputed exactly as forward made it.
-        let y = batch_norm::recompute::<B>(saved.z.clone(), gamma.clone(), beta, &saved.stats);
-        let dy = B::relu_backward(y, dout);
-        let [dz, dgamma, dbeta] = batch_norm::backward::<B>(saved.z, gamma, &saved.stats, dy);
+        let stats = saved.stats;
+        let [dz, dgamma, dbeta] = B::bn_relu_backward(
+            saved.z, gamma, beta, stats.mean, stats.rstd, stats.work, dout,
+        );
 
-        // The weight as forward used it: cast again from the master copy, not kept.
-        let master = w.dtype();
-        let w = cast_prim::<B>(w, x.dtype());
-        if let Some(node) = node_x {
-            let dx =
-                B::float_conv2d_x_backward(x.clone(), w.clone(), dz.clone(), saved.options.clone());
-            grads.register::<B>(node.id, dx);
-        }
+        // The conv's gradients from the master weight, which the backend casts (or rounds as
+        // it reads) as forward did: no half copy of it is kept or made here.
+        // The weight's first: it is the last reader of x's values, which can then go before
+        // the input gradient is made.
         if let Some(node) = node_w {
-            let dw = B::float_conv2d_weight_backward(x, w, dz, saved.options);
-            register_param::<B>(grads, node.id, cast_prim::<B>(dw, master));
+            let dw = B::float_conv2d_weight_backward(
+                x.clone(),
+                w.clone(),
+                dz.clone(),
+                saved.options.clone(),
+            );
+            register_param::<B>(grads, node.id, dw);
+        }
+        if let Some(node) = node_x {
+            let dx = B::float_conv2d_x_backward(x, w, dz, saved.options);
+            grads.register::<B>(node.id, dx);
         }
         for (node, g) in [(node_gamma, dgamma), (node_beta, dbeta)] {
             if let Some(node) = node {
@@ -110,9 +115,10 @@ pub(crate) fn conv_bn_relu_autodiff<B: ModelBackend, C: CheckpointStrategy>(
     work: DType,
     epsilon: f64,
 ) -> BatchNormOutput<Autodiff<B, C>> {
+    // The master weight: the backend casts it (or rounds it as it reads it).
     let z = B::float_conv2d(
         x.primitive.clone(),
-        cast_prim::<B>(weight.primitive.clone(), x.primitive.dtype()),
+        weight.primitive.clone(),
         options.clone(),
     );
     let f = batch_norm::forward::<B>(

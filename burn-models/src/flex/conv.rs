@@ -25,77 +25,32 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::gemm_f32;
+use super::values::{build, round_through, stored, supported, values, widen_into};
 
-/// Values `start..start + len` of a contiguous float tensor, as f32 (borrowed when f32).
-fn values(t: &FlexTensor, start: usize, len: usize) -> Cow<'_, [f32]> {
-    let at = t.layout().start_offset() + start;
-    let widened = |f: &dyn Fn(&mut [f32])| {
-        let mut v = vec![0f32; len];
-        f(&mut v);
-        Cow::Owned(v)
-    };
-    match t.dtype() {
-        DType::F16 => widened(&|d| t.storage::<f16>()[at..at + len].convert_to_f32_slice(d)),
-        DType::BF16 => widened(&|d| t.storage::<bf16>()[at..at + len].convert_to_f32_slice(d)),
-        _ => Cow::Borrowed(&t.storage::<f32>()[at..at + len]),
+/// Whether a backward kernel takes `weight` for a conv computed in `dtype`: the weight in that
+/// dtype, or its f32 master copy, which forward rounded to `dtype` (the kernels round it as
+/// they read it, so no half copy of it is made for backward).
+pub(super) fn rounds_to(weight: &FlexTensor, dtype: DType) -> bool {
+    weight.dtype() == dtype || weight.dtype() == DType::F32
+}
+
+/// Weight values `start..start + len` as f32, rounded to `dtype` as forward's cast rounded them
+/// (borrowed when nothing changes).
+fn weight_values(w: &FlexTensor, dtype: DType, start: usize, len: usize) -> Cow<'_, [f32]> {
+    let mut v = values(w, start, len);
+    if w.dtype() != dtype {
+        round_through(v.to_mut(), dtype);
     }
+    v
 }
 
-fn supported(t: &FlexTensor) -> bool {
-    matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16)
-}
-
-/// A `dtype` tensor of `shape` whose `n` chunks of `per` values are made in f32 by `f(i, out)`
-/// (given zeros), in parallel, and rounded chunk by chunk.
-fn build(
-    shape: Vec<usize>,
-    n: usize,
-    per: usize,
-    dtype: DType,
-    f: impl Fn(usize, &mut [f32]) + Sync,
-) -> FlexTensor {
-    fn narrowed<H: bytemuck::Pod + Send + Sync + burn::tensor::Element>(
-        n: usize,
-        per: usize,
-        zero: H,
-        narrow: fn(&[f32], &mut [H]),
-        f: &(impl Fn(usize, &mut [f32]) + Sync),
-    ) -> Bytes {
-        let mut out = vec![zero; n * per];
-        out.par_chunks_mut(per.max(1)).enumerate().for_each_init(
-            || vec![0f32; per],
-            |buf, (i, o)| {
-                buf.fill(0.0);
-                f(i, buf);
-                narrow(buf, o);
-            },
-        );
-        Bytes::from_elems(out)
+/// A weight gradient summed in f32 for a conv computed in `dtype`, as that conv would have
+/// returned it (rounded to `dtype`), stored in the weight's own dtype `master`.
+fn weight_grad(mut dw: Vec<f32>, shape: Vec<usize>, dtype: DType, master: DType) -> FlexTensor {
+    if master != dtype {
+        round_through(&mut dw, dtype);
     }
-    let bytes = match dtype {
-        DType::F16 => narrowed(n, per, f16::ZERO, |s, d| d.convert_from_f32_slice(s), &f),
-        DType::BF16 => narrowed(n, per, bf16::ZERO, |s, d| d.convert_from_f32_slice(s), &f),
-        _ => {
-            let mut out = vec![0f32; n * per];
-            out.par_chunks_mut(per.max(1))
-                .enumerate()
-                .for_each(|(i, o)| f(i, o));
-            Bytes::from_elems(out)
-        }
-    };
-    FlexTensor::new(bytes, Layout::contiguous(Shape::from(shape)), dtype)
-}
-
-/// f32 `values` stored as `dtype`, shaped `shape`.
-fn stored(values: Vec<f32>, shape: Vec<usize>, dtype: DType) -> FlexTensor {
-    let bytes = match dtype {
-        DType::F16 => Bytes::from_elems(values.into_iter().map(f16::from_f32).collect::<Vec<_>>()),
-        DType::BF16 => {
-            Bytes::from_elems(values.into_iter().map(bf16::from_f32).collect::<Vec<_>>())
-        }
-        _ => Bytes::from_elems(values),
-    };
-    FlexTensor::new(bytes, Layout::contiguous(Shape::from(shape)), dtype)
+    stored(dw, shape, master)
 }
 
 /// A depthwise conv's geometry: `c` channels, `h×w` in, `ho×wo` out, `k×k` taps.
@@ -113,8 +68,9 @@ struct Depthwise {
 }
 
 impl Depthwise {
-    /// The geometry when `x [n, c, h, w]` and `weight [c, 1, k, k]` make a depthwise conv with
-    /// square stride and padding and no dilation, and `out_dims` (if given) match it.
+    /// The geometry when `x [n, c, h, w]` and `weight [c, 1, k, k]` (in `x`'s dtype or its
+    /// f32 [master copy](rounds_to)) make a depthwise conv with square stride and padding and
+    /// no dilation.
     fn of(x: &FlexTensor, weight: &FlexTensor, o: &ConvOptions<2>) -> Option<Self> {
         let (xd, wd) = (x.layout().shape(), weight.layout().shape());
         let ok = xd.len() == 4
@@ -129,7 +85,7 @@ impl Depthwise {
             && o.padding[0] == o.padding[1]
             && o.dilation == [1, 1]
             && supported(x)
-            && weight.dtype() == x.dtype();
+            && rounds_to(weight, x.dtype());
         if !ok {
             return None;
         }
@@ -195,7 +151,7 @@ pub(crate) fn depthwise_conv(
 ) -> Option<FlexTensor> {
     let g = Depthwise::of(x, weight, o)?;
     let (x, weight) = (x.to_contiguous(), weight.to_contiguous());
-    let ws = values(&weight, 0, g.c * g.k * g.k);
+    let ws = weight_values(&weight, x.dtype(), 0, g.c * g.k * g.k);
     let (plane_in, plane_out) = (g.h * g.w, g.ho * g.wo);
     let shape = vec![g.n, g.c, g.ho, g.wo];
     Some(build(shape, g.n * g.c, plane_out, x.dtype(), |p, out| {
@@ -215,18 +171,26 @@ pub(crate) fn depthwise_conv(
 }
 
 /// Depthwise conv input gradient: each output gradient spread back over its taps.
+///
+/// Only the input's shape and dtype are read: `x` is dropped before `dx` is made (so its
+/// values can go first when this holds the last reference), or handed back in `Err` when the
+/// conv is not one this runs.
 pub(crate) fn depthwise_x_backward(
-    x: &FlexTensor,
+    x: FlexTensor,
     weight: &FlexTensor,
     dz: &FlexTensor,
     o: &ConvOptions<2>,
-) -> Option<FlexTensor> {
-    let g = Depthwise::with_gradient(x, weight, dz, o)?;
+) -> Result<FlexTensor, FlexTensor> {
+    let Some(g) = Depthwise::with_gradient(&x, weight, dz, o) else {
+        return Err(x);
+    };
+    let dtype = x.dtype();
+    drop(x);
     let (weight, dz) = (weight.to_contiguous(), dz.to_contiguous());
-    let ws = values(&weight, 0, g.c * g.k * g.k);
+    let ws = weight_values(&weight, dtype, 0, g.c * g.k * g.k);
     let (plane_in, plane_out) = (g.h * g.w, g.ho * g.wo);
     let shape = vec![g.n, g.c, g.h, g.w];
-    Some(build(shape, g.n * g.c, plane_in, x.dtype(), |p, dx| {
+    Ok(build(shape, g.n * g.c, plane_in, dtype, |p, dx| {
         let grad = values(&dz, p * plane_out, plane_out);
         let wc = &ws[(p % g.c) * g.k * g.k..][..g.k * g.k];
         g.taps(|t, ky, kx, (y0, y1), (x0, x1)| {
@@ -271,7 +235,12 @@ pub(crate) fn depthwise_weight_backward(
             });
         }
     });
-    Some(stored(dw, vec![g.c, 1, g.k, g.k], x.dtype()))
+    Some(weight_grad(
+        dw,
+        vec![g.c, 1, g.k, g.k],
+        x.dtype(),
+        weight.dtype(),
+    ))
 }
 
 /// `(n, k_in, m_out, positions)` when `x [n, k, h, w]` and `weight [m, k, 1, 1]` make a
@@ -298,7 +267,7 @@ fn pointwise(
         && wd[3] == 1
         && dd.to_vec() == [xd[0], wd[0], xd[2], xd[3]]
         && supported(x)
-        && weight.dtype() == x.dtype()
+        && rounds_to(weight, x.dtype())
         && dz.dtype() == x.dtype();
     let dims = ok.then(|| (xd[0], xd[1], wd[0], xd[2] * xd[3]))?;
     // An empty batch, channel set or image has nothing for gemm to do: Flex's ops take it.
@@ -306,22 +275,143 @@ fn pointwise(
     [n, k, m, s].iter().all(|&d| d > 0).then_some(dims)
 }
 
-/// Pointwise conv input gradient: `dxᵢ [k, s] = Wᵀ [k, m] · dzᵢ [m, s]`, an image per task.
-pub(crate) fn pointwise_x_backward(
+/// Pointwise conv forward on half-precision `x [n, k, s]`: `outᵢ [m, s] = W [m, k] · xᵢ [k, s]`
+/// with the weight (in `x`'s dtype or its f32 master copy) widened and rounded a band of output
+/// channels at a time, each band shared by every image's task, so neither a half nor a widened
+/// copy of the whole weight exists. Each image is widened by the task that reads it.
+pub(super) fn pointwise_half(
     x: &FlexTensor,
+    weight: &FlexTensor,
+    (n, k, m, s): (usize, usize, usize, usize),
+    shape: Shape,
+) -> FlexTensor {
+    let dtype = x.dtype();
+    let band = (WEIGHT_BAND / k).clamp(1, m);
+    let make = |m0: usize, rows: usize, run: &mut dyn FnMut(&BandTask<'_>)| {
+        let wt = weight_values(weight, dtype, m0 * k, rows * k);
+        run(&|i, out| {
+            let input = values(x, i * k * s, k * s);
+            gemm_f32((rows, s, k), out, false, &wt, (k, 1), &input, (s, 1), false);
+        });
+    };
+    let bytes = match dtype {
+        DType::BF16 => banded(bf16::ZERO, narrow, (n, m, s), band, &make),
+        _ => banded(f16::ZERO, narrow, (n, m, s), band, &make),
+    };
+    FlexTensor::new(bytes, Layout::contiguous(shape), dtype)
+}
+
+/// f32 values rounded into a half type's slice.
+fn narrow<H>(src: &[f32], dst: &mut [H])
+where
+    [H]: HalfFloatSliceExt,
+{
+    dst.convert_from_f32_slice(src)
+}
+
+/// Weight elements read for a band of the input gradient's channels: 64 KiB of f32.
+const WEIGHT_BAND: usize = 1 << 14;
+
+/// Pointwise conv input gradient: `dxᵢ [k, s] = Wᵀ [k, m] · dzᵢ [m, s]`, an image per task.
+///
+/// An f32 weight for an f32 conv is read in place. Otherwise `Wᵀ` is widened (and a master
+/// copy rounded) a band of input channels at a time, each band shared by every image's task,
+/// so neither a half nor a widened copy of the whole weight exists.
+///
+/// Like [`depthwise_x_backward`], reads only the input's shape and dtype, and drops `x` first.
+pub(crate) fn pointwise_x_backward(
+    x: FlexTensor,
     weight: &FlexTensor,
     dz: &FlexTensor,
     o: &ConvOptions<2>,
-) -> Option<FlexTensor> {
-    let (n, k, m, s) = pointwise(x, weight, dz, o)?;
+) -> Result<FlexTensor, FlexTensor> {
+    let Some((n, k, m, s)) = pointwise(&x, weight, dz, o) else {
+        return Err(x);
+    };
+    let (dtype, shape) = (x.dtype(), x.layout().shape().to_vec());
+    drop(x);
     let (weight, dz) = (weight.to_contiguous(), dz.to_contiguous());
-    let ws = values(&weight, 0, m * k);
-    let shape = x.layout().shape().to_vec();
-    Some(build(shape, n, k * s, x.dtype(), |i, dx| {
-        let grad = values(&dz, i * m * s, m * s);
-        // Wᵀ: element (ci, co) at co · k + ci.
-        gemm_f32((k, s, m), dx, false, &ws, (1, k), &grad, (s, 1), false);
-    }))
+    let band = match weight.dtype() == dtype && dtype == DType::F32 {
+        true => k,
+        false => (WEIGHT_BAND / m).clamp(1, k),
+    };
+    let make = |c0: usize, rows: usize, run: &mut dyn FnMut(&BandTask<'_>)| {
+        dx_band(&weight, dtype, &dz, (k, m, s), c0, rows, run)
+    };
+    let bytes = match dtype {
+        DType::F16 => banded(f16::ZERO, narrow, (n, k, s), band, &make),
+        DType::BF16 => banded(bf16::ZERO, narrow, (n, k, s), band, &make),
+        _ => banded(0f32, |s, d| d.copy_from_slice(s), (n, k, s), band, &make),
+    };
+    Ok(FlexTensor::new(
+        bytes,
+        Layout::contiguous(Shape::from(shape)),
+        dtype,
+    ))
+}
+
+/// The work of one band for image `i`: fill its `[rows, s]` f32 gradient rows.
+type BandTask<'a> = dyn Fn(usize, &mut [f32]) + Sync + 'a;
+
+/// Makes one band `(first row, rows)`: prepares what the band's tasks share, then hands its
+/// per-image task to the runner.
+type BandMaker<'a> = dyn Fn(usize, usize, &mut dyn FnMut(&BandTask<'_>)) + 'a;
+
+/// A `[n, k, s]` tensor made `band` channel rows at a time: `make(c0, rows, run)` prepares
+/// what the band shares and hands `run` the per-image task that fills the band's f32 rows.
+fn banded<H: bytemuck::Pod + Send + Sync + burn::tensor::Element>(
+    zero: H,
+    narrow: fn(&[f32], &mut [H]),
+    (n, k, s): (usize, usize, usize),
+    band: usize,
+    make: &BandMaker<'_>,
+) -> Bytes {
+    let mut out = vec![zero; n * k * s];
+    for c0 in (0..k).step_by(band) {
+        let rows = band.min(k - c0);
+        make(c0, rows, &mut |task| {
+            out.par_chunks_mut(k * s).enumerate().for_each_init(
+                || vec![0f32; rows * s],
+                |buf, (i, image)| {
+                    task(i, buf);
+                    narrow(buf, &mut image[c0 * s..(c0 + rows) * s]);
+                },
+            );
+        });
+    }
+    Bytes::from_elems(out)
+}
+
+/// One band of the pointwise input gradient: `Wᵀ` rows `c0..c0 + rows` (read in place, or
+/// widened and rounded to `dtype`), then `dxᵢ[band] = Wᵀ[band] · dzᵢ` per image.
+fn dx_band(
+    weight: &FlexTensor,
+    dtype: DType,
+    dz: &FlexTensor,
+    (k, m, s): (usize, usize, usize),
+    c0: usize,
+    rows: usize,
+    run: &mut dyn FnMut(&BandTask<'_>),
+) {
+    // Wᵀ [rows, m]: element (ci, co) at co · k + c0 + ci in place, at co · rows + ci in a band.
+    let (wt, strides): (Cow<'_, [f32]>, (usize, usize)) = match rows == k && weight.dtype() == dtype
+    {
+        true => (weight_values(weight, dtype, 0, m * k), (1, k)),
+        false => {
+            let mut wt = vec![0f32; m * rows];
+            for (co, dst) in wt.chunks_mut(rows).enumerate() {
+                widen_into(weight, co * k + c0, dst);
+            }
+            if weight.dtype() != dtype {
+                round_through(&mut wt, dtype);
+            }
+            (Cow::Owned(wt), (1, rows))
+        }
+    };
+    run(&|i, dx| {
+        let grad = values(dz, i * m * s, m * s);
+        gemm_f32((rows, s, m), dx, false, &wt, strides, &grad, (s, 1), false);
+    });
 }
 
 /// Pointwise conv weight gradient: `dW [m, k] = Σᵢ dzᵢ [m, s] · xᵢᵀ [s, k]`, summed in f32 by
@@ -349,5 +439,5 @@ pub(crate) fn pointwise_weight_backward(
             true,
         );
     }
-    Some(stored(dw, vec![m, k, 1, 1], x.dtype()))
+    Some(weight_grad(dw, vec![m, k, 1, 1], x.dtype(), weight.dtype()))
 }

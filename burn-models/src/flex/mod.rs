@@ -8,9 +8,12 @@ use burn::tensor::{bf16, f16, Bytes, DType, Shape, Slice};
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
+mod bn_relu;
 mod conv;
 mod linear_grad;
 mod pool_grad;
+mod values;
+pub(crate) use bn_relu::bn_relu_backward;
 pub(crate) use conv::{
     depthwise_conv, depthwise_weight_backward, depthwise_x_backward, pointwise_weight_backward,
     pointwise_x_backward,
@@ -149,7 +152,7 @@ pub(crate) fn pointwise_conv(
         && wd[1] == xd[1]
         && wd[2] == 1
         && wd[3] == 1
-        && x.dtype() == weight.dtype();
+        && conv::rounds_to(weight, x.dtype());
     if !pointwise {
         return None;
     }
@@ -207,62 +210,10 @@ pub(crate) fn pointwise_conv(
                 DType::F32,
             )
         }
-        DType::F16 => half_pointwise(
-            &x,
-            &weight,
-            shape,
-            (k * s, image),
-            f16::to_f32,
-            f16::from_f32,
-            gemm_image,
-        ),
-        DType::BF16 => half_pointwise(
-            &x,
-            &weight,
-            shape,
-            (k * s, image),
-            bf16::to_f32,
-            bf16::from_f32,
-            gemm_image,
-        ),
+        DType::F16 | DType::BF16 => conv::pointwise_half(&x, &weight, (n, k, m, s), shape),
         _ => return None,
     };
     Some(tensor)
-}
-
-/// [`pointwise_conv`] for a half type `H`: the weight widened once, each image widened and its
-/// f32 result rounded by the worker that computes it.
-fn half_pointwise<H: bytemuck::Pod + burn::tensor::Element + Send + Sync>(
-    x: &FlexTensor,
-    weight: &FlexTensor,
-    shape: Shape,
-    (per_input, per_output): (usize, usize),
-    widen: fn(H) -> f32,
-    narrow: fn(f32) -> H,
-    gemm_image: impl Fn(&mut [f32], &[f32], &[f32]) + Sync,
-) -> FlexTensor {
-    let dtype = x.dtype();
-    let n = x.layout().shape()[0];
-    let xs = &x.storage::<H>()[x.layout().start_offset()..][..n * per_input];
-    let weight_len = weight.layout().shape().iter().product::<usize>();
-    let ws: Vec<f32> = weight.storage::<H>()[weight.layout().start_offset()..][..weight_len]
-        .iter()
-        .map(|&v| widen(v))
-        .collect();
-    let mut out = vec![narrow(0.0); n * per_output];
-    out.par_chunks_mut(per_output)
-        .zip(xs.par_chunks(per_input))
-        .for_each_init(
-            || (vec![0f32; per_input], vec![0f32; per_output]),
-            |(lhs, dst), (out, image)| {
-                lhs.iter_mut().zip(image).for_each(|(l, &v)| *l = widen(v));
-                gemm_image(dst, lhs, &ws);
-                out.iter_mut()
-                    .zip(dst.iter())
-                    .for_each(|(o, &v)| *o = narrow(v));
-            },
-        );
-    FlexTensor::new(Bytes::from_elems(out), Layout::contiguous(shape), dtype)
 }
 
 /// `t` as f32: itself, or a contiguous widened copy.

@@ -164,6 +164,8 @@ fn direct_depthwise_and_pointwise_convs_equal_flexs() {
         ("depthwise s2", 16, 16, 3, 2, 1, 1, 16, 8),
         ("depthwise s2 odd", 8, 8, 3, 2, 1, 1, 8, 7),
         ("pointwise", 16, 24, 1, 1, 0, 1, 1, 5),
+        // 160 · 128 weights: more than one band of the weight (flex/conv.rs, WEIGHT_BAND).
+        ("pointwise banded", 160, 128, 1, 1, 0, 1, 1, 3),
         ("dilated depthwise", 8, 8, 3, 1, 2, 2, 8, 9),
     ];
     for (what, c_in, c_out, k, stride, pad, dilation, groups, side) in cases {
@@ -185,6 +187,7 @@ fn direct_depthwise_and_pointwise_convs_equal_flexs() {
             options.clone(),
         ));
         let dz = Tensor::<Flex, 4>::random(out.dims(), Distribution::Normal(0.0, 1.0), &device);
+        let w32 = w.clone();
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let (x, w, dz) = (
                 x.clone().cast(dtype),
@@ -219,6 +222,38 @@ fn direct_depthwise_and_pointwise_convs_equal_flexs() {
                     Flex::conv2d_weight_backward(prim(x), prim(w), prim(dz), o()),
                 ]
             };
+            // The f32 master weight instead of its cast (the fused ops' cast, as they make it):
+            // the same results, bit for bit, and the weight gradient in f32 (the cast of the
+            // half one).
+            let hooks = |w: Tensor<Flex, 4>| {
+                [
+                    <Flex as ModelBackend>::float_conv2d(prim(x.clone()), prim(w.clone()), o()),
+                    <Flex as ModelBackend>::float_conv2d_x_backward(
+                        prim(x.clone()),
+                        prim(w.clone()),
+                        prim(dz.clone()),
+                        o(),
+                    ),
+                    <Flex as ModelBackend>::float_conv2d_weight_backward(
+                        prim(x.clone()),
+                        prim(w),
+                        prim(dz.clone()),
+                        o(),
+                    ),
+                ]
+            };
+            let cast = float(<Flex as ModelBackend>::float_convert(
+                prim(w32.clone()),
+                dtype,
+            ));
+            let pairs = hooks(cast).into_iter().zip(hooks(w32.clone()));
+            for (part, (cast, master)) in ["output", "dx", "dw"].iter().zip(pairs) {
+                let (cast, master) = (float(cast), float(master));
+                let want = if *part == "dw" { DType::F32 } else { dtype };
+                let what = format!("{what} {dtype:?} {part} from the f32 master weight");
+                assert_eq!(master.dtype(), want, "{what}");
+                assert_eq!(relative(master, cast), 0.0, "{what}");
+            }
             let flex = flex_ops(x.clone(), w.clone(), dz.clone());
             // The same (rounded) operands in f32: what each half result approximates.
             let wide = |t: &Tensor<Flex, 4>| t.clone().cast(DType::F32);

@@ -1,0 +1,102 @@
+//! f32 views of Flex's float tensors and f32 results stored back: how the CPU kernels compute
+//! in f32 on f16/bf16 activations, widening a plane or an image at a time and rounding once.
+
+use std::borrow::Cow;
+
+use burn::backend::flex::{FlexTensor, Layout};
+use burn::tensor::{bf16, f16, Bytes, DType, Shape};
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+/// Values `start..start + len` of a contiguous float tensor, as f32 (borrowed when f32).
+pub(super) fn values(t: &FlexTensor, start: usize, len: usize) -> Cow<'_, [f32]> {
+    match t.dtype() {
+        DType::F16 | DType::BF16 => {
+            let mut v = vec![0f32; len];
+            widen_into(t, start, &mut v);
+            Cow::Owned(v)
+        }
+        _ => {
+            let at = t.layout().start_offset() + start;
+            Cow::Borrowed(&t.storage::<f32>()[at..at + len])
+        }
+    }
+}
+
+/// Values `start..start + dst.len()` of a contiguous float tensor, widened into `dst`.
+pub(super) fn widen_into(t: &FlexTensor, start: usize, dst: &mut [f32]) {
+    let at = t.layout().start_offset() + start;
+    let len = dst.len();
+    match t.dtype() {
+        DType::F16 => t.storage::<f16>()[at..at + len].convert_to_f32_slice(dst),
+        DType::BF16 => t.storage::<bf16>()[at..at + len].convert_to_f32_slice(dst),
+        _ => dst.copy_from_slice(&t.storage::<f32>()[at..at + len]),
+    }
+}
+
+pub(super) fn supported(t: &FlexTensor) -> bool {
+    matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// `v` rounded to `dtype` and back, in place: the value a cast to `dtype` gives (a no-op
+/// for f32).
+pub(super) fn round_through(v: &mut [f32], dtype: DType) {
+    match dtype {
+        DType::F16 => v.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32()),
+        DType::BF16 => v.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32()),
+        _ => {}
+    }
+}
+
+/// A `dtype` tensor of `shape` whose `n` chunks of `per` values are made in f32 by `f(i, out)`
+/// (given zeros), in parallel, and rounded chunk by chunk.
+pub(super) fn build(
+    shape: Vec<usize>,
+    n: usize,
+    per: usize,
+    dtype: DType,
+    f: impl Fn(usize, &mut [f32]) + Sync,
+) -> FlexTensor {
+    fn narrowed<H: bytemuck::Pod + Send + Sync + burn::tensor::Element>(
+        n: usize,
+        per: usize,
+        zero: H,
+        narrow: fn(&[f32], &mut [H]),
+        f: &(impl Fn(usize, &mut [f32]) + Sync),
+    ) -> Bytes {
+        let mut out = vec![zero; n * per];
+        out.par_chunks_mut(per.max(1)).enumerate().for_each_init(
+            || vec![0f32; per],
+            |buf, (i, o)| {
+                buf.fill(0.0);
+                f(i, buf);
+                narrow(buf, o);
+            },
+        );
+        Bytes::from_elems(out)
+    }
+    let bytes = match dtype {
+        DType::F16 => narrowed(n, per, f16::ZERO, |s, d| d.convert_from_f32_slice(s), &f),
+        DType::BF16 => narrowed(n, per, bf16::ZERO, |s, d| d.convert_from_f32_slice(s), &f),
+        _ => {
+            let mut out = vec![0f32; n * per];
+            out.par_chunks_mut(per.max(1))
+                .enumerate()
+                .for_each(|(i, o)| f(i, o));
+            Bytes::from_elems(out)
+        }
+    };
+    FlexTensor::new(bytes, Layout::contiguous(Shape::from(shape)), dtype)
+}
+
+/// f32 `values` stored as `dtype`, shaped `shape`.
+pub(super) fn stored(values: Vec<f32>, shape: Vec<usize>, dtype: DType) -> FlexTensor {
+    let bytes = match dtype {
+        DType::F16 => Bytes::from_elems(values.into_iter().map(f16::from_f32).collect::<Vec<_>>()),
+        DType::BF16 => {
+            Bytes::from_elems(values.into_iter().map(bf16::from_f32).collect::<Vec<_>>())
+        }
+        _ => Bytes::from_elems(values),
+    };
+    FlexTensor::new(bytes, Layout::contiguous(Shape::from(shape)), dtype)
+}
