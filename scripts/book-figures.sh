@@ -71,13 +71,14 @@ config-diff() {
 }
 
 # compare NAME ARGS...: `trainer compare ARGS --out target/book-figures/NAME`, its table and
-# its chart.
+# its two charts (measured vs predicted; the prediction stacked by term).
 compare() {
   local name=$1
   shift
   wanted "$name" || return 0
   trainer compare "$@" --out "$work/$name" >/dev/null
   cp "$work/$name/memory.svg" "$figures/$name.svg"
+  cp "$work/$name/terms.svg" "$figures/$name-terms.svg"
   {
     echo '```sh'
     echo "trainer compare $* --out $work/$name"
@@ -86,6 +87,8 @@ compare() {
     tail -n +3 "$work/$name/report.md"
     echo
     echo "![Peak memory per config, measured and predicted](figures/$name.svg)"
+    echo
+    echo "![The predicted peak by term (parameters, gradients, optimizer state, activations, data set in host memory) and the measured training peak](figures/$name-terms.svg)"
     echo
     echo "*$stamp*"
   } >"$work/$name.md"

@@ -64,7 +64,7 @@ pub enum Command {
     Estimate(EstimateArgs),
 
     /// Run several configs, each in a fresh process, and compare memory, speed and accuracy:
-    /// a table, and report.md, report.csv, report.json and memory.svg in --out.
+    /// a table, and report.md, report.csv, report.json, memory.svg and terms.svg in --out.
     #[command(after_help = "Examples:
   trainer compare configs/*.toml --backend cpu --steps 20
   trainer compare configs/f32.toml configs/amp.toml configs/amp-accum.toml --out runs/amp

@@ -78,6 +78,24 @@ pub struct Estimate {
     /// The least a step of this model can peak at (see [`Floor`]); `device_peak_bytes` and a
     /// measured training peak are compared with it.
     pub floor: Floor,
+    /// The same bytes by the term each fix shrinks.
+    pub terms: Terms,
+}
+
+/// The predicted peak by term, in bytes: what each fix of the book shrinks. The first four add
+/// up to [`Estimate::device_peak_bytes`]; `data` is host memory (on the CPU, the same heap).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct Terms {
+    /// Parameters, batch-norm running statistics and half weight copies.
+    pub parameters: u64,
+    /// Gradients alive at the peak: backward's in flight, and a window's sum under accumulation.
+    pub gradients: u64,
+    /// Adam's moments or SGD's momentum.
+    pub optimizer_state: u64,
+    /// Saved for backward (and the logits).
+    pub activations: u64,
+    /// The data set in host memory.
+    pub data: u64,
 }
 
 impl Estimate {
@@ -544,6 +562,26 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         .chain(std::iter::once(&in_flight))
         .map(|l| l.bytes)
         .sum();
+    let host_data = line(
+        "data set (u8 images + labels)",
+        super::host::data_bytes(settings),
+        1,
+    );
+    let optimizer_state = moments * params * pbytes;
+    let accumulated = if t.accum_steps > 1 {
+        params * pbytes
+    } else {
+        0
+    };
+    let activation_bytes = activations.iter().map(|l| l.bytes).sum::<u64>();
+    let gradient_bytes = in_flight.bytes + accumulated;
+    let terms = Terms {
+        parameters: device_peak_bytes - optimizer_state - gradient_bytes - activation_bytes,
+        gradients: gradient_bytes,
+        optimizer_state,
+        activations: activation_bytes,
+        data: host_data.bytes,
+    };
     Estimate {
         target,
         parameters: params,
@@ -551,15 +589,12 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         model_state,
         activations,
         in_flight,
-        host_data: line(
-            "data set (u8 images + labels)",
-            super::host::data_bytes(settings),
-            1,
-        ),
+        host_data,
         // Not the model's: what the CPU backend keeps once it has run.
         cpu_runtime: cpu.then(gemm_slabs),
         device_peak_bytes,
         floor,
+        terms,
     }
 }
 

@@ -184,6 +184,38 @@ fn compare_runs_each_config_and_reports_failures_as_rows() {
     ] {
         assert!(svg.contains(text), "memory.svg lacks {text}");
     }
+    // The predicted peak by term: mixed precision shrinks the activations (and adds half
+    // weight copies to the parameters), not the optimizer state; the CPU heap's prediction is
+    // the terms plus gemm's slabs.
+    let term = |i: usize, key: &str| report[i]["terms"][key].as_u64().unwrap();
+    assert!(term(1, "activations") < term(0, "activations"), "{report}");
+    assert!(term(1, "parameters") > term(0, "parameters"), "{report}");
+    assert_eq!(term(1, "optimizer_state"), term(0, "optimizer_state"));
+    assert_eq!(term(0, "data"), term(1, "data"));
+    let keys = [
+        "parameters",
+        "gradients",
+        "optimizer_state",
+        "activations",
+        "data",
+    ];
+    let sum: u64 = keys.iter().map(|k| term(0, k)).sum();
+    let predicted = report[0]["predicted_peak_bytes"].as_u64().unwrap();
+    assert!(
+        sum < predicted && predicted - sum < 8 << 20,
+        "{sum} vs {predicted}"
+    );
+    assert_eq!(report[2]["terms"], serde_json::Value::Null);
+    let svg = std::fs::read_to_string(out_dir.join("terms.svg")).unwrap();
+    for text in [
+        "<svg",
+        "f32",
+        "amp",
+        "optimizer state",
+        "measured training peak",
+    ] {
+        assert!(svg.contains(text), "terms.svg lacks {text}");
+    }
 }
 
 #[test]

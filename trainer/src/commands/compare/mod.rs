@@ -2,6 +2,7 @@
 //! reports them side by side. A config that fails gets a row with its error.
 
 pub mod report;
+mod terms;
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +13,7 @@ use super::child::{self, unique_dir};
 use super::dry_run_ok;
 use crate::cli::CompareArgs;
 use crate::config::{self, BackendKind, ConfigError, Purpose};
-use crate::memory::estimate::{estimate, Target};
+use crate::memory::estimate::{estimate, Target, Terms};
 use crate::report::summary::Summary;
 
 /// One config's results; `--out`'s report.json holds a list of these.
@@ -47,6 +48,10 @@ pub struct Row {
     pub final_train_loss: Option<f64>,
     pub eval_accuracy: Option<f64>,
     pub skipped_steps: Option<usize>,
+    /// The predicted peak by term (`trainer estimate` for the config as run), for the
+    /// stacked chart.
+    #[serde(default)]
+    pub terms: Option<Terms>,
     /// Why the run failed; absent when it finished.
     pub error: Option<String>,
 }
@@ -73,6 +78,7 @@ impl Row {
             final_train_loss: Some(s.final_train_loss),
             eval_accuracy: Some(s.eval_accuracy),
             skipped_steps: Some(s.skipped_steps),
+            terms: None,
             error: None,
         }
     }
@@ -230,13 +236,17 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<Vec<Row>> {
             .sets(overrides.iter().cloned())
             .sets(extra)
             .overwrite();
-        rows.push(match child::train(&args, &dir)? {
+        let mut row = match child::train(&args, &dir)? {
             Ok(summary) => Row::finished(config, name, summary),
             Err(failure) => {
                 bar.suspend(|| eprintln!("{name}: {}", failure.message));
                 Row::failed(config, name, args.overrides(), failure.message)
             }
-        });
+        };
+        row.terms = config::load_file_for(config, args.overrides(), Purpose::Train)
+            .ok()
+            .map(|s| estimate(&s, Target::of(s.backend)).terms);
+        rows.push(row);
         bar.inc(1);
     }
     bar.finish_and_clear();
@@ -273,7 +283,7 @@ pub fn run(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
     report::write_all(&rows, &plan.out, &heading)?;
     let failed = rows.iter().filter(|r| r.error.is_some()).count();
     println!(
-        "{} configs, {failed} failed; report.md, report.csv, report.json and memory.svg in {}",
+        "{} configs, {failed} failed; report.md, report.csv, report.json, memory.svg and terms.svg in {}",
         rows.len(),
         plan.out.display()
     );

@@ -1,5 +1,6 @@
 //! `trainer compare`'s outputs: a Markdown table (printed and `report.md`), `report.csv`,
-//! `report.json`, and `memory.svg`, a bar chart of measured and predicted peaks per config.
+//! `report.json`, `memory.svg`, a bar chart of measured and predicted peaks per config, and
+//! `terms.svg`, the predicted peak stacked by term ([`super::terms`]).
 
 use std::path::Path;
 
@@ -228,7 +229,7 @@ pub fn chart(rows: &[Row], title: &str, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes report.md, report.csv, report.json and memory.svg into `dir`.
+/// Writes report.md, report.csv, report.json, memory.svg and terms.svg into `dir`.
 pub fn write_all(rows: &[Row], dir: &Path, heading: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let write = |name: &str, text: String| {
@@ -248,5 +249,6 @@ pub fn write_all(rows: &[Row], dir: &Path, heading: &str) -> anyhow::Result<()> 
         rows,
         "Peak memory per config: measured and predicted",
         &dir.join("memory.svg"),
-    )
+    )?;
+    super::terms::chart(rows, &dir.join("terms.svg"))
 }
