@@ -137,8 +137,7 @@ pub trait ModelBackend: Backend {
         work: DType,
         dout: FloatTensor<Self>,
     ) -> [FloatTensor<Self>; 3] {
-        let stats = batch_norm::SavedStats { mean, rstd, work };
-        batch_norm::relu_backward::<Self>(z, gamma, beta, &stats, dout)
+        batch_norm::relu_backward::<Self>(z, gamma, beta, [mean, rstd], work, dout)
     }
 
     /// `t` converted to the float `dtype` (which differs from its own): how the fused ops cast
@@ -313,8 +312,7 @@ impl ModelBackend for burn::backend::Flex {
             _ => None,
         };
         direct.unwrap_or_else(|| {
-            let stats = batch_norm::SavedStats { mean, rstd, work };
-            batch_norm::relu_backward::<Self>(z, gamma, beta, &stats, dout)
+            batch_norm::relu_backward::<Self>(z, gamma, beta, [mean, rstd], work, dout)
         })
     }
 

@@ -185,18 +185,21 @@ pub(crate) fn backward<B: ModelBackend>(
 }
 
 /// The gradients `[dz, dγ, dβ]` of batch norm followed by a ReLU, from batch norm's saved input
-/// `z` and statistics and the ReLU output's gradient `dout`: the ReLU's mask is rebuilt from
-/// the recomputed output, then [`backward`] runs on the masked gradient.
+/// `z`, its statistics (`[mean, rstd]` in `work`) and the ReLU output's gradient `dout`: the
+/// ReLU's mask is rebuilt from the recomputed output, then [`backward`] runs on the masked
+/// gradient.
 pub(crate) fn relu_backward<B: ModelBackend>(
     z: FloatTensor<B>,
     gamma: FloatTensor<B>,
     beta: FloatTensor<B>,
-    stats: &SavedStats<B>,
+    [mean, rstd]: [FloatTensor<B>; 2],
+    work: DType,
     dout: FloatTensor<B>,
 ) -> [FloatTensor<B>; 3] {
-    let y = recompute::<B>(z.clone(), gamma.clone(), beta, stats);
+    let stats = SavedStats { mean, rstd, work };
+    let y = recompute::<B>(z.clone(), gamma.clone(), beta, &stats);
     let dy = B::relu_backward(y, dout);
-    backward::<B>(z, gamma, stats, dy)
+    backward::<B>(z, gamma, &stats, dy)
 }
 
 /// Per-channel statistics the backward pass needs, in the working dtype.

@@ -195,36 +195,7 @@ fn direct_depthwise_and_pointwise_convs_equal_flexs() {
                 dz.clone().cast(dtype),
             );
             let o = || options.clone();
-            let ours = [
-                <Flex as ModelBackend>::float_conv2d(prim(x.clone()), prim(w.clone()), o()),
-                <Flex as ModelBackend>::float_conv2d_x_backward(
-                    prim(x.clone()),
-                    prim(w.clone()),
-                    prim(dz.clone()),
-                    o(),
-                ),
-                <Flex as ModelBackend>::float_conv2d_weight_backward(
-                    prim(x.clone()),
-                    prim(w.clone()),
-                    prim(dz.clone()),
-                    o(),
-                ),
-            ];
-            let flex_ops = |x: Tensor<Flex, 4>, w: Tensor<Flex, 4>, dz: Tensor<Flex, 4>| {
-                [
-                    Flex::conv2d(prim(x.clone()), prim(w.clone()), None, o()),
-                    Flex::conv2d_x_backward(
-                        prim(x.clone()),
-                        prim(w.clone()),
-                        prim(dz.clone()),
-                        o(),
-                    ),
-                    Flex::conv2d_weight_backward(prim(x), prim(w), prim(dz), o()),
-                ]
-            };
-            // The f32 master weight instead of its cast (the fused ops' cast, as they make it):
-            // the same results, bit for bit, and the weight gradient in f32 (the cast of the
-            // half one).
+            // The project's three conv hooks with weight `w`.
             let hooks = |w: Tensor<Flex, 4>| {
                 [
                     <Flex as ModelBackend>::float_conv2d(prim(x.clone()), prim(w.clone()), o()),
@@ -242,6 +213,22 @@ fn direct_depthwise_and_pointwise_convs_equal_flexs() {
                     ),
                 ]
             };
+            let ours = hooks(w.clone());
+            let flex_ops = |x: Tensor<Flex, 4>, w: Tensor<Flex, 4>, dz: Tensor<Flex, 4>| {
+                [
+                    Flex::conv2d(prim(x.clone()), prim(w.clone()), None, o()),
+                    Flex::conv2d_x_backward(
+                        prim(x.clone()),
+                        prim(w.clone()),
+                        prim(dz.clone()),
+                        o(),
+                    ),
+                    Flex::conv2d_weight_backward(prim(x), prim(w), prim(dz), o()),
+                ]
+            };
+            // The f32 master weight instead of its cast (the fused ops' cast, as they make it):
+            // the same results, bit for bit, and the weight gradient in f32 (the cast of the
+            // half one).
             let cast = float(<Flex as ModelBackend>::float_convert(
                 prim(w32.clone()),
                 dtype,

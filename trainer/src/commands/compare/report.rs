@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use anyhow::Context;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::Row;
@@ -172,21 +173,7 @@ pub fn chart(rows: &[Row], title: &str, path: &Path) -> anyhow::Result<()> {
         // Headroom above the tallest bar for the legend.
         .build_cartesian_2d(0f64..rows.len() as f64, 0f64..top * 1.3)
         .map_err(draw)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(rows.len() * 2 + 1)
-        .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            let centred = (x - i as f64 - 0.5).abs() < 1e-6;
-            match rows.get(i) {
-                Some(r) if centred => r.name.clone(),
-                _ => String::new(),
-            }
-        })
-        .y_desc("peak memory (MiB)")
-        .draw()
-        .map_err(draw)?;
+    row_mesh(&mut chart, rows, "peak memory (MiB)")?;
     type Value = fn(&Row) -> Option<u64>;
     let series: [(&str, RGBAColor, f64, Value); 2] = [
         ("measured peak in use", BLUE.mix(0.8), 0.1, |r| r.peak_bytes),
@@ -227,6 +214,30 @@ pub fn chart(rows: &[Row], title: &str, path: &Path) -> anyhow::Result<()> {
         .map_err(draw)?;
     root.present().map_err(draw)?;
     Ok(())
+}
+
+/// The axes both charts share: a group of width 1 per row, its name centred under it, and
+/// `y_desc` up the side.
+pub(super) fn row_mesh(
+    chart: &mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    rows: &[Row],
+    y_desc: &str,
+) -> anyhow::Result<()> {
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(rows.len() * 2 + 1)
+        .x_label_formatter(&|x| {
+            let i = x.floor() as usize;
+            let centred = (x - i as f64 - 0.5).abs() < 1e-6;
+            match rows.get(i) {
+                Some(r) if centred => r.name.clone(),
+                _ => String::new(),
+            }
+        })
+        .y_desc(y_desc)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("drawing the chart: {e}"))
 }
 
 /// Writes report.md, report.csv, report.json, memory.svg and terms.svg into `dir`.

@@ -54,21 +54,7 @@ pub fn chart(rows: &[Row], path: &Path) -> anyhow::Result<()> {
         // Headroom above the tallest bar for the legend.
         .build_cartesian_2d(0f64..rows.len() as f64, 0f64..top * 1.45)
         .map_err(draw)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(rows.len() * 2 + 1)
-        .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            let centred = (x - i as f64 - 0.5).abs() < 1e-6;
-            match rows.get(i) {
-                Some(r) if centred => r.name.clone(),
-                _ => String::new(),
-            }
-        })
-        .y_desc("MiB")
-        .draw()
-        .map_err(draw)?;
+    super::report::row_mesh(&mut chart, rows, "MiB")?;
     for (k, (label, color, value)) in SEGMENTS.iter().enumerate() {
         let bars = rows.iter().enumerate().filter_map(|(i, r)| {
             let t = r.terms.as_ref()?;
