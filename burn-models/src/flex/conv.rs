@@ -243,19 +243,16 @@ pub(crate) fn depthwise_weight_backward(
     ))
 }
 
-/// `(n, k_in, m_out, positions)` when `x [n, k, h, w]` and `weight [m, k, 1, 1]` make a
-/// pointwise conv (stride 1, no padding, one group) and `dz` is its `[n, m, h, w]` gradient.
-fn pointwise(
+/// `(n, k_in, m_out, positions)` when `x [n, k, h, w]` and `weight [m, k, 1, 1]` (in `x`'s
+/// dtype or its f32 [master copy](rounds_to)) make a pointwise conv (stride 1, no padding, one
+/// group) whose output `[n, m, h, w]` has a countable size. An empty batch, channel set or
+/// image has nothing for gemm to do: `None`, and Flex's ops take it.
+pub(super) fn pointwise_dims(
     x: &FlexTensor,
     weight: &FlexTensor,
-    dz: &FlexTensor,
     o: &ConvOptions<2>,
 ) -> Option<(usize, usize, usize, usize)> {
-    let (xd, wd, dd) = (
-        x.layout().shape(),
-        weight.layout().shape(),
-        dz.layout().shape(),
-    );
+    let (xd, wd) = (x.layout().shape(), weight.layout().shape());
     let ok = o.stride == [1, 1]
         && o.padding == [0, 0]
         && o.dilation == [1, 1]
@@ -265,14 +262,27 @@ fn pointwise(
         && wd[1] == xd[1]
         && wd[2] == 1
         && wd[3] == 1
-        && dd.to_vec() == [xd[0], wd[0], xd[2], xd[3]]
         && supported(x)
-        && rounds_to(weight, x.dtype())
-        && dz.dtype() == x.dtype();
-    let dims = ok.then(|| (xd[0], xd[1], wd[0], xd[2] * xd[3]))?;
-    // An empty batch, channel set or image has nothing for gemm to do: Flex's ops take it.
-    let (n, k, m, s) = dims;
-    [n, k, m, s].iter().all(|&d| d > 0).then_some(dims)
+        && rounds_to(weight, x.dtype());
+    if !ok {
+        return None;
+    }
+    let (n, k, m, s) = (xd[0], xd[1], wd[0], xd[2].checked_mul(xd[3])?);
+    n.checked_mul(m)?.checked_mul(s)?;
+    [n, k, m, s].iter().all(|&d| d > 0).then_some((n, k, m, s))
+}
+
+/// [`pointwise_dims`], when `dz` is also the `[n, m, h, w]` gradient of that conv's output.
+fn pointwise(
+    x: &FlexTensor,
+    weight: &FlexTensor,
+    dz: &FlexTensor,
+    o: &ConvOptions<2>,
+) -> Option<(usize, usize, usize, usize)> {
+    let dims = pointwise_dims(x, weight, o)?;
+    let (xd, dd) = (x.layout().shape(), dz.layout().shape());
+    let fits = dd.to_vec() == [xd[0], dims.2, xd[2], xd[3]] && dz.dtype() == x.dtype();
+    fits.then_some(dims)
 }
 
 /// Pointwise conv forward on half-precision `x [n, k, s]`: `outᵢ [m, s] = W [m, k] · xᵢ [k, s]`

@@ -142,27 +142,10 @@ pub(crate) fn pointwise_conv(
     weight: &FlexTensor,
     options: &ConvOptions<2>,
 ) -> Option<FlexTensor> {
-    let (xd, wd) = (x.layout().shape(), weight.layout().shape());
-    let pointwise = options.stride == [1, 1]
-        && options.padding == [0, 0]
-        && options.dilation == [1, 1]
-        && options.groups == 1
-        && xd.len() == 4
-        && wd.len() == 4
-        && wd[1] == xd[1]
-        && wd[2] == 1
-        && wd[3] == 1
-        && conv::rounds_to(weight, x.dtype());
-    if !pointwise {
-        return None;
-    }
-    let (n, k, h, w, m) = (xd[0], xd[1], xd[2], xd[3], wd[0]);
-    let s = h.checked_mul(w)?;
-    let image = m.checked_mul(s)?;
-    let total = image.checked_mul(n)?;
-    if total == 0 || k == 0 {
-        return None;
-    }
+    let (n, k, m, s) = conv::pointwise_dims(x, weight, options)?;
+    let (h, w) = (x.layout().shape()[2], x.layout().shape()[3]);
+    // Counted by `pointwise_dims` without overflow.
+    let (image, total) = (m * s, n * m * s);
     let (x, weight) = (x.to_contiguous(), weight.to_contiguous());
     let shape = Shape::new([n, m, h, w]);
     // One image: dst [s, m] (row stride 1, column stride s) = lhs [s, k] (1, s) · rhs [k, m]

@@ -34,6 +34,7 @@ pub(super) fn widen_into(t: &FlexTensor, start: usize, dst: &mut [f32]) {
     }
 }
 
+/// Whether the kernels compute on `t`'s dtype (f32, f16, bf16).
 pub(super) fn supported(t: &FlexTensor) -> bool {
     matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16)
 }

@@ -12,8 +12,8 @@ use serde::Serialize;
 use super::child::{self, unique_dir};
 use super::dry_run_ok;
 use crate::cli::CompareArgs;
-use crate::config::{self, BackendKind, ConfigError, Purpose};
-use crate::memory::estimate::{estimate, Target, Terms};
+use crate::config::{self, BackendKind, ConfigError, Purpose, Settings};
+use crate::memory::estimate::{estimate, Estimate, Target, Terms};
 use crate::report::summary::Summary;
 
 /// One config's results; `--out`'s report.json holds a list of these.
@@ -83,19 +83,23 @@ impl Row {
         }
     }
 
-    /// A failed run: what the config says, where it loads, and the error.
+    /// A failed run: what the config says, where it loads (`estimate` of it), and the error.
     /// The config's own `backend.kind` (with the overrides, `--backend` among them) decides
     /// what the prediction counts.
-    fn failed(config: &Path, name: String, sets: &[String], error: String) -> Self {
+    fn failed(
+        config: &Path,
+        name: String,
+        loaded: Option<(&Settings, &Estimate)>,
+        error: String,
+    ) -> Self {
         let mut row = Self {
             config: config.display().to_string(),
             name,
             error: Some(error),
             ..Self::default()
         };
-        if let Ok(s) = config::load_file_for(config, sets, Purpose::Train) {
+        if let Some((s, e)) = loaded {
             row.model = Some(s.model.name());
-            let e = estimate(&s, Target::of(s.backend));
             row.parameters = Some(e.parameters as usize);
             row.predicted_peak_bytes = Some(e.predicted_peak());
             row.precision = Some(s.precision.mode.name().into());
@@ -236,16 +240,23 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<Vec<Row>> {
             .sets(overrides.iter().cloned())
             .sets(extra)
             .overwrite();
+        // The config as the child ran it, and its estimate: the terms chart's bars, and what a
+        // failed run's row can still say.
+        let loaded = config::load_file_for(config, args.overrides(), Purpose::Train)
+            .ok()
+            .map(|s| {
+                let e = estimate(&s, Target::of(s.backend));
+                (s, e)
+            });
         let mut row = match child::train(&args, &dir)? {
             Ok(summary) => Row::finished(config, name, summary),
             Err(failure) => {
                 bar.suspend(|| eprintln!("{name}: {}", failure.message));
-                Row::failed(config, name, args.overrides(), failure.message)
+                let loaded = loaded.as_ref().map(|(s, e)| (s, e));
+                Row::failed(config, name, loaded, failure.message)
             }
         };
-        row.terms = config::load_file_for(config, args.overrides(), Purpose::Train)
-            .ok()
-            .map(|s| estimate(&s, Target::of(s.backend)).terms);
+        row.terms = loaded.map(|(_, e)| e.terms);
         rows.push(row);
         bar.inc(1);
     }
