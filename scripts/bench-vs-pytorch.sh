@@ -2,7 +2,7 @@
 # CPU speed against PyTorch (a benchmark, not a test; not part of CI). Trains oomlab's two
 # models in both frameworks, one after the other, with the same threads (all cores), batch,
 # optimizer (Adam), synthetic data and steps after one untimed warm-up step, and writes the
-# table into docs/speed.md between its `bench-vs-pytorch` markers, stamped with the date,
+# table into docs/src/appendix-speed.md between its `bench-vs-pytorch` markers, stamped with the date,
 # machine, PyTorch version and commit. PyTorch comes from the Python package registry into a
 # venv under target/ (the first run installs it: 3.2 GB on disk, torch and the CUDA libraries
 # its Linux wheel requires even to run on the CPU).
@@ -20,8 +20,8 @@ torch_version=2.15.0
 venv=target/bench-venv
 work=target/bench-vs-pytorch
 mkdir -p "$work"
-grep -q -- "<!-- bench-vs-pytorch -->" docs/speed.md || {
-  echo "bench-vs-pytorch: docs/speed.md has no <!-- bench-vs-pytorch --> marker" >&2
+grep -q -- "<!-- bench-vs-pytorch -->" docs/src/appendix-speed.md || {
+  echo "bench-vs-pytorch: docs/src/appendix-speed.md has no <!-- bench-vs-pytorch --> marker" >&2
   exit 1
 }
 
@@ -91,6 +91,6 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -
 awk -v file="$work/table.md" '
   $0 == "<!-- bench-vs-pytorch -->" { while ((getline line < file) > 0) print line; skip = 1; next }
   skip && $0 == "<!-- /bench-vs-pytorch -->" { skip = 0; next }
-  !skip { print }' docs/speed.md >"$work/speed.md"
-mv "$work/speed.md" docs/speed.md
+  !skip { print }' docs/src/appendix-speed.md >"$work/speed.md"
+mv "$work/speed.md" docs/src/appendix-speed.md
 cat "$work/table.md"

@@ -4,7 +4,7 @@
 //! serves blocks over 128 KiB with `mmap` and unmaps them on free, so every step page-faults
 //! and zeroes them again: measured on 2 cores, 35% of the run's time was kernel time. Raising
 //! the mmap threshold to its maximum (32 MiB on 64-bit) and never trimming keeps those pages:
-//! SimpleModel f32 batch 128 went from 380 to 500 images/s (docs/speed.md).
+//! SimpleModel f32 batch 128 went from 380 to 500 images/s (docs/src/appendix-speed.md).
 
 /// Applies the tuning; a no-op where the allocator is not glibc's.
 pub fn tune_for_training() {
