@@ -3,16 +3,43 @@
 # chapters show between `<!-- figure NAME -->` and `<!-- /figure -->`: the command, its output
 # or its table, and its chart (docs/src/figures/NAME.svg). No number in the book is typed by
 # hand; this script is where they come from.
-# Usage: scripts/book-figures.sh [NAME...]   (default: every figure; ≈ 20 min on 2 cores)
+# Usage: scripts/book-figures.sh [NAME...]   (default: every figure; ≈ 25 min on 2 cores)
+#        scripts/book-figures.sh --check [NAME...]
+#   --check regenerates the deterministic, sub-second figures (estimates, the out-of-memory
+#   diagnosis, config diffs; the default) with the `trainer` on PATH, writes nothing into the
+#   book, and exits 1 when a chapter's text no longer matches (the drift test runs this).
+#   BOOK_SRC=DIR reads the chapters from DIR instead of docs/src.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -p trainer
-export PATH="$PWD/target/release:$PATH"
+deterministic=(estimate-simple estimate-mobilenet accum-diff amp-diff oom-diagnosis)
+check=0
+if [[ "${1:-}" == --check ]]; then
+  check=1
+  shift
+  for name in "$@"; do
+    [[ " ${deterministic[*]} " == *" $name "* ]] || {
+      echo "book-figures: --check takes only the deterministic figures (${deterministic[*]}), not $name" >&2
+      exit 2
+    }
+  done
+  [[ $# -gt 0 ]] || set -- "${deterministic[@]}"
+  command -v trainer >/dev/null || { echo "book-figures: --check needs trainer on PATH" >&2; exit 2; }
+else
+  cargo build --release -p trainer
+  export PATH="$PWD/target/release:$PATH"
+fi
 export OOMLAB_NO_CUDA=1 # the book's figures are CPU figures; GPU tables are dated by hand
-figures=docs/src/figures
+src=${BOOK_SRC:-docs/src}
+figures=$src/figures
 work=target/book-figures
+if [[ $check == 1 ]]; then
+  # Its own folder: checks may run side by side (the test suite does).
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+fi
 mkdir -p "$figures" "$work"
 only=("$@")
+drift=0
 
 # Every measured figure says when, where and from what it was measured.
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -23,13 +50,29 @@ stamp="Measured $(date -u +%Y-%m-%d) on $(nproc) cores (${cpu:-$(uname -m)}), CP
 
 wanted() { [[ ${#only[@]} -eq 0 ]] || [[ " ${only[*]} " == *" $1 "* ]]; }
 
-# fill NAME FILE: the lines between NAME's markers in docs/src/*.md become FILE's.
+# fill NAME FILE: the lines between NAME's markers in $src/*.md become FILE's. With --check,
+# they are compared instead (the stamp line, which dates the run, left out of both).
 fill() {
   local name=$1 file=$2 chapter
-  chapter=$(grep -l -- "<!-- figure $name -->" docs/src/*.md) || {
-    echo "book-figures: no <!-- figure $name --> marker in docs/src" >&2
+  chapter=$(grep -l -- "<!-- figure $name -->" "$src"/*.md) || {
+    echo "book-figures: no <!-- figure $name --> marker in $src" >&2
     exit 1
   }
+  if [[ $check == 1 ]]; then
+    unstamped() { grep -v '^\*Measured .* by scripts/book-figures\.sh\.\*$' || true; }
+    awk -v start="<!-- figure $name -->" '
+      $0 == start { inside = 1; next }
+      inside && $0 == "<!-- /figure -->" { exit }
+      inside { print }' "$chapter" | unstamped >"$work/$name.book"
+    if diff -u --label "$chapter ($name)" --label "the program now" \
+      "$work/$name.book" <(unstamped <"$file"); then
+      echo "book-figures: $name in $chapter matches the program"
+    else
+      echo "book-figures: $name in $chapter has drifted: run scripts/book-figures.sh $name" >&2
+      drift=1
+    fi
+    return 0
+  fi
   awk -v start="<!-- figure $name -->" -v file="$file" '
     $0 == start { print; while ((getline line < file) > 0) print line; skip = 1; next }
     skip && $0 == "<!-- /figure -->" { skip = 0 }
@@ -184,3 +227,5 @@ output oom-diagnosis trainer --config configs/mobilenet.toml --backend cpu \
 # 7. Results: every shipped config, the f32 reference first so "vs first" is against it.
 compare results configs/f32.toml $(ls configs/*.toml | grep -v '^configs/f32.toml$') \
   --backend cpu --steps 20
+
+exit $drift

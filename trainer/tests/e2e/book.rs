@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use super::common::{binary, root};
+use super::common::{binary, root, temp};
 
 fn chapters() -> Vec<(PathBuf, String)> {
     let src = root().join("docs/src");
@@ -139,4 +139,70 @@ fn the_command_extractor_joins_continuations_and_drops_comments() {
             "trainer estimate"
         ]
     );
+}
+
+/// `scripts/book-figures.sh --check` with the test's binary first on PATH, on the chapters in
+/// `src` (the book's own by default).
+fn book_check(src: Option<&std::path::Path>) -> std::process::Output {
+    let bin_dir = binary().parent().unwrap().to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut command = Command::new("bash");
+    command
+        .arg(root().join("scripts/book-figures.sh"))
+        .arg("--check")
+        .current_dir(root())
+        .env("PATH", path);
+    if let Some(src) = src {
+        command.env("BOOK_SRC", src);
+    }
+    command.output().unwrap()
+}
+
+#[test]
+fn the_books_deterministic_sections_match_the_program() {
+    // Estimates, the out-of-memory diagnosis and config diffs: re-run, compared line by line.
+    let out = book_check(None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the book has drifted from the program:\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.matches("matches the program").count(), 5, "{stdout}");
+}
+
+#[test]
+fn the_drift_check_fails_when_a_number_in_the_book_is_wrong() {
+    let dir = temp("book-drift");
+    let src = root().join("docs/src");
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let chapter = dir.join("01-why-oom.md");
+    let text = std::fs::read_to_string(&chapter).unwrap();
+    let start = text.find("<!-- figure estimate-simple -->").unwrap();
+    let line = text[start..]
+        .lines()
+        .find(|l| l.contains("MiB"))
+        .unwrap()
+        .to_string();
+    std::fs::write(&chapter, text.replacen(&line, &format!("{line}0"), 1)).unwrap();
+    let out = book_check(Some(&dir));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "book-figures: estimate-simple in {} has drifted",
+            chapter.display()
+        )),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
