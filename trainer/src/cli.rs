@@ -64,7 +64,8 @@ pub enum Command {
     Estimate(EstimateArgs),
 
     /// Run several configs, each in a fresh process, and compare memory, speed and accuracy:
-    /// a table, and report.md, report.csv, report.json, memory.svg and terms.svg in --out.
+    /// a table, and report.md, report.csv, report.json, memory.svg, terms.svg and the line
+    /// charts (steps.svg, timeline.svg; batch.svg when sweeping the batch size) in --out.
     #[command(after_help = "Examples:
   trainer compare configs/*.toml --backend cpu --steps 20
   trainer compare configs/f32.toml configs/amp.toml configs/amp-accum.toml --out runs/amp
@@ -109,6 +110,20 @@ pub struct CompareArgs {
     /// Folder for the reports and each run's outputs.
     #[arg(long, default_value = "runs/compare", value_name = "DIR")]
     pub out: PathBuf,
+
+    /// A line written under every chart, e.g. when, where and at which commit it was measured
+    /// (one line, at most 300 characters).
+    #[arg(long, value_name = "TEXT", value_parser = one_line_note)]
+    pub note: Option<String>,
+}
+
+/// A chart note: one line of at most 300 characters.
+fn one_line_note(s: &str) -> Result<String, String> {
+    match s {
+        _ if s.contains(['\n', '\r']) => Err("must be one line".into()),
+        _ if s.chars().count() > 300 => Err("must be at most 300 characters".into()),
+        _ => Ok(s.to_string()),
+    }
 }
 
 /// `trainer find-batch-size`

@@ -5,6 +5,7 @@
 mod backend;
 mod data;
 mod memory;
+mod mistakes;
 mod model;
 mod precision;
 mod train;
@@ -17,6 +18,7 @@ pub use backend::BackendKind;
 pub use data::DataSource;
 pub use data::{DataSpec, CIFAR10_IMAGES, NUM_CLASSES};
 pub use memory::{parse_size, Checkpointing, FreeCache, Fuse, MemorySpec, SIZE_HELP};
+pub use mistakes::Mistakes;
 pub use model::ModelName;
 pub use model::ModelSpec;
 pub use precision::{
@@ -42,6 +44,8 @@ pub struct RawConfig {
     pub backend: backend::RawBackend,
     /// `[memory]`
     pub memory: memory::RawMemory,
+    /// `[mistakes]`
+    pub mistakes: Mistakes,
 }
 
 /// A config that cannot be used. The binary prints it on one line and exits with code 2.
@@ -94,6 +98,8 @@ pub struct Settings {
     pub backend: BackendKind,
     pub cuda_index: usize,
     pub memory: MemorySpec,
+    /// Teaching switches that make a memory mistake on purpose.
+    pub mistakes: Mistakes,
 }
 
 /// Reads `path`, applies `overrides` (`key=value`, value in TOML syntax or a bare string) and
@@ -292,5 +298,6 @@ fn validate(path: &Path, raw: RawConfig, purpose: Purpose) -> Result<Settings, C
         backend: raw.backend.kind,
         cuda_index: raw.backend.cuda_index,
         memory,
+        mistakes: raw.mistakes,
     })
 }

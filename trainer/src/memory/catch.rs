@@ -33,6 +33,9 @@ impl MemoryProbe for Tracked<'_> {
     fn timeline(&self) -> Option<Timeline> {
         self.0.timeline()
     }
+    fn last_step(&self) -> Option<crate::memory::probe::Reading> {
+        self.0.last_step()
+    }
 }
 
 /// The phase that follows the last boundary passed.
@@ -41,6 +44,7 @@ fn failing_phase() -> &'static str {
         0 => "while setting up (model, data)",
         x if x == Phase::AfterForward as u8 + 1 => "in backward",
         x if x == Phase::AfterBackward as u8 + 1 => "in the optimizer step or the next forward",
+        x if x == Phase::EvalStart as u8 + 1 => "in evaluation",
         _ => "in forward",
     }
 }

@@ -32,6 +32,11 @@ pub enum Phase {
     AfterBackward,
     /// After the optimizer step (or the skip).
     AfterStep,
+    /// An evaluation begins: until [`Phase::EvalEnd`], samples go to the evaluation's own
+    /// peak, not the training figures.
+    EvalStart,
+    /// The evaluation ended.
+    EvalEnd,
 }
 
 /// What a probe measured over a run, in bytes. `--summary-json` carries these keys.
@@ -67,6 +72,14 @@ pub struct MemoryReport {
     pub live_after_backward_bytes: Option<u64>,
     /// Largest live bytes seen right after an optimizer step.
     pub live_after_step_bytes: Option<u64>,
+    /// Peak bytes in use during an evaluation (the largest over the run's evaluations): exact
+    /// on the heap, the largest layer-boundary sample on CubeCL.
+    #[serde(default)]
+    pub eval_peak_bytes: Option<u64>,
+    /// What an evaluation added above what was in use when it began (the largest): the cost
+    /// of evaluating, which `[mistakes] eval_with_autograd` raises.
+    #[serde(default)]
+    pub eval_added_bytes: Option<u64>,
 }
 
 /// A source of memory figures for one device.
@@ -77,6 +90,10 @@ pub trait MemoryProbe {
     fn resident(&mut self) {}
     /// Everything measured so far.
     fn report(&self) -> MemoryReport;
+    /// The reading taken at the last [`Phase::AfterStep`], for the per-step log.
+    fn last_step(&self) -> Option<probe::Reading> {
+        None
+    }
     /// The samples of the window that peaked, where the probe keeps them.
     fn timeline(&self) -> Option<timeline::Timeline> {
         None
@@ -97,7 +114,7 @@ impl PhaseMax {
             Phase::AfterForward => &mut self.forward,
             Phase::AfterBackward => &mut self.backward,
             Phase::AfterStep => &mut self.step,
-            Phase::WindowStart => return,
+            Phase::WindowStart | Phase::EvalStart | Phase::EvalEnd => return,
         };
         *slot = (*slot).max(live);
     }

@@ -50,10 +50,20 @@ struct Figures {
     samples: u64,
     phases: PhaseMax,
     timeline: Timeline,
+    last_step: Option<Reading>,
+    /// While an evaluation runs: what was in use when it began, and its largest sample.
+    eval: Option<(u64, u64)>,
+    eval_peak: Option<u64>,
+    eval_added: Option<u64>,
 }
 
 impl Figures {
     fn record(&mut self, event: Event, r: Reading) {
+        if let Some((_, largest)) = &mut self.eval {
+            // Evaluation's forward crosses layer boundaries too: its own figure, not training's.
+            *largest = (*largest).max(r.in_use);
+            return;
+        }
         self.peak = self.peak.max(r.in_use);
         if let Some(reserved) = r.reserved {
             self.reserved_peak = Some(self.reserved_peak.unwrap_or(0).max(reserved));
@@ -123,6 +133,24 @@ impl<M: Meter> MemoryProbe for Probe<M> {
                 self.shared.figures().timeline.start_window();
                 return;
             }
+            Phase::EvalStart => {
+                let meter = &self.shared.meter;
+                let start = meter.read().map_or(0, |r| r.in_use);
+                meter.window_start(); // the heap's exact peak restarts here
+                self.shared.figures().eval = Some((start, start));
+                return;
+            }
+            Phase::EvalEnd => {
+                let exact = self.shared.meter.exact_peak();
+                let mut f = self.shared.figures();
+                if let Some((start, sampled)) = f.eval.take() {
+                    let peak = exact.unwrap_or(0).max(sampled);
+                    f.eval_peak = Some(f.eval_peak.unwrap_or(0).max(peak));
+                    let added = peak.saturating_sub(start);
+                    f.eval_added = Some(f.eval_added.unwrap_or(0).max(added));
+                }
+                return;
+            }
             Phase::AfterForward => Event::Loss,
             Phase::AfterBackward => Event::Gradients,
             Phase::AfterStep => Event::Step,
@@ -143,6 +171,7 @@ impl<M: Meter> MemoryProbe for Probe<M> {
         }
         if phase == Phase::AfterStep {
             f.reserved_after_step = reading.reserved;
+            f.last_step = Some(reading);
         }
     }
 
@@ -171,10 +200,16 @@ impl<M: Meter> MemoryProbe for Probe<M> {
             live_after_forward_bytes: Some(f.phases.forward),
             live_after_backward_bytes: Some(f.phases.backward),
             live_after_step_bytes: Some(f.phases.step),
+            eval_peak_bytes: f.eval_peak,
+            eval_added_bytes: f.eval_added,
         }
     }
 
     fn timeline(&self) -> Option<Timeline> {
         Some(self.shared.figures().timeline.clone())
+    }
+
+    fn last_step(&self) -> Option<Reading> {
+        self.shared.figures().last_step
     }
 }

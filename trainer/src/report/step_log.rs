@@ -1,5 +1,5 @@
-//! Every optimizer window of a run: loss, learning rate, loss scale and whether the step was
-//! skipped. Written to `<output_dir>/steps.csv` at every checkpoint and at the end; with loss
+//! Every optimizer window of a run: loss, learning rate, loss scale, whether the step was
+//! skipped, and the bytes in use (and reserved) after it. Written to `<output_dir>/steps.csv` at every checkpoint and at the end; with loss
 //! scaling on, also drawn as `<output_dir>/loss_scale.svg` (the scale over the run, skipped
 //! steps marked).
 
@@ -21,6 +21,10 @@ pub struct Entry {
     pub scale: f64,
     /// The learning rate, when the step was taken.
     pub lr: Option<f64>,
+    /// Bytes in use after the step, where the probe measured them.
+    pub in_use: Option<u64>,
+    /// Bytes the allocator reserved after the step (pooling allocators only).
+    pub reserved: Option<u64>,
 }
 
 /// The windows of one run, in order.
@@ -41,20 +45,35 @@ impl StepLog {
             loss,
             scale,
             lr,
+            in_use: None,
+            reserved: None,
         });
     }
 
-    /// The log a checkpoint saved ([`csv`](Self::csv)'s format), to continue it on resume.
-    /// Rows that do not parse are dropped: the file was verified by its checksum.
+    /// The memory after the last window's step.
+    pub fn set_memory(&mut self, in_use: Option<u64>, reserved: Option<u64>) {
+        if let Some(last) = self.entries.last_mut() {
+            (last.in_use, last.reserved) = (in_use, reserved);
+        }
+    }
+
+    /// The log a checkpoint saved ([`csv`](Self::csv)'s format, or the older one without the
+    /// memory columns), to continue it on resume. Rows that do not parse are dropped: the file
+    /// was verified by its checksum.
     pub fn parse(csv: &str) -> Self {
         let entries = csv
             .lines()
             .skip(1)
             .filter_map(|line| {
                 let f: Vec<&str> = line.split(',').collect();
-                let [_, step, loss, lr, scale, _] = f[..] else {
-                    return None;
+                let (step, loss, lr, scale, memory) = match f[..] {
+                    [_, step, loss, lr, scale, _] => (step, loss, lr, scale, ["", ""]),
+                    [_, step, loss, lr, scale, _, in_use, reserved] => {
+                        (step, loss, lr, scale, [in_use, reserved])
+                    }
+                    _ => return None,
                 };
+                let bytes = |v: &str| v.parse::<u64>().ok();
                 Some(Entry {
                     step: step.parse().ok()?,
                     loss: loss.parse().ok()?,
@@ -64,10 +83,17 @@ impl StepLog {
                     } else {
                         Some(lr.parse().ok()?)
                     },
+                    in_use: bytes(memory[0]),
+                    reserved: bytes(memory[1]),
                 })
             })
             .collect();
         Self { entries }
+    }
+
+    /// Bytes in use and reserved after each window, in order.
+    pub fn memory(&self) -> impl Iterator<Item = (Option<u64>, Option<u64>)> + '_ {
+        self.entries.iter().map(|e| (e.in_use, e.reserved))
     }
 
     /// The losses of the windows that stepped, in order.
@@ -78,18 +104,23 @@ impl StepLog {
             .map(|e| e.loss)
     }
 
-    /// `window,step,loss,lr,loss_scale,skipped` rows.
+    /// `window,step,loss,lr,loss_scale,skipped,in_use_bytes,reserved_bytes` rows (a figure
+    /// the probe did not measure is empty).
     pub fn csv(&self) -> String {
-        let mut out = String::from("window,step,loss,lr,loss_scale,skipped\n");
+        let mut out =
+            String::from("window,step,loss,lr,loss_scale,skipped,in_use_bytes,reserved_bytes\n");
+        let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
         for (i, e) in self.entries.iter().enumerate() {
             out.push_str(&format!(
-                "{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{}\n",
                 i + 1,
                 e.step,
                 e.loss,
                 e.lr.map_or(String::new(), |lr| lr.to_string()),
                 e.scale,
-                e.lr.is_none()
+                e.lr.is_none(),
+                opt(e.in_use),
+                opt(e.reserved)
             ));
         }
         out

@@ -61,6 +61,9 @@ pub struct Summary {
     /// `memory.fuse`: whether the blocks ran as fused ops.
     #[serde(default = "no_fusion")]
     pub fuse: String,
+    /// The `[mistakes]` switches on, comma-separated, or `none`.
+    #[serde(default = "no_mistakes")]
+    pub mistakes: String,
     /// `trainer estimate`'s prediction of `peak_bytes`.
     pub predicted_peak_bytes: u64,
     /// `trainer estimate`'s prediction of `training_peak_bytes` (its device peak: no data).
@@ -117,6 +120,7 @@ impl Summary {
             free_cache: m.free_cache.name().into(),
             checkpointing: m.checkpointing.name().into(),
             fuse: m.fuse.name().into(),
+            mistakes: mistakes(settings),
             final_lr: stepper.lr(),
             steps: stepper.step,
             epochs,
@@ -187,6 +191,7 @@ impl Summary {
             ("free cache", self.free_cache.clone()),
             ("act. checkpointing", self.checkpointing.clone()),
             ("fused blocks", self.fuse.clone()),
+            ("mistakes (teaching)", self.mistakes.clone()),
             ("memory probe", self.memory.memory_probe.clone()),
             ("peak in use", bytes(self.memory.peak_bytes)),
             ("training peak", self.training_peak()),
@@ -218,6 +223,7 @@ impl Summary {
                 "device used peak",
                 bytes(self.memory.device_used_peak_bytes),
             ),
+            ("eval peak", self.eval_peak()),
             (
                 "live after fwd/bwd/step",
                 format!(
@@ -251,6 +257,16 @@ impl Summary {
             human(predicted),
             100.0 * error(peak, predicted)
         )
+    }
+
+    /// The evaluation's peak and what evaluating added to what was in use before it.
+    fn eval_peak(&self) -> String {
+        match (self.memory.eval_peak_bytes, self.memory.eval_added_bytes) {
+            (Some(peak), Some(added)) => {
+                format!("{} ({} added by evaluation)", human(peak), human(added))
+            }
+            _ => "n/a".into(),
+        }
     }
 
     /// The floor, and how many times it the training peak is.
@@ -315,6 +331,28 @@ fn thousands(n: usize) -> String {
         out.push(c);
     }
     out
+}
+
+/// The `[mistakes]` switches that are on.
+fn mistakes(settings: &Settings) -> String {
+    let m = settings.mistakes;
+    let on: Vec<&str> = [
+        ("eval_with_autograd", m.eval_with_autograd),
+        ("keep_losses", m.keep_losses),
+    ]
+    .iter()
+    .filter(|(_, on)| *on)
+    .map(|(name, _)| *name)
+    .collect();
+    match on.is_empty() {
+        true => no_mistakes(),
+        false => on.join(", "),
+    }
+}
+
+/// Summaries written before `[mistakes]` existed made none.
+fn no_mistakes() -> String {
+    "none".into()
 }
 
 /// Summaries written before `memory.fuse` existed ran without fusion.

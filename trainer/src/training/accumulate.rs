@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::memory::{MemoryProbe, Phase};
 use crate::model::Classifier;
+use crate::training::mistakes::KeptLosses;
 
 /// Samples per optimizer step, and how they split into micro-batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +75,9 @@ pub struct WindowGrads {
 /// Runs forward and backward over `window` in micro-batches of `batch_size` and sums the
 /// gradients, each micro-batch's loss weighted by its share of the window and multiplied by
 /// `loss_scale`. `load` turns sample indices into a batch; `probe` is sampled after each
-/// forward and backward.
+/// forward and backward; `kept` keeps each loss tensor when the `keep_losses` mistake is on.
+// Each argument is one input of the seed's loop body; a struct around them would hide that.
+#[allow(clippy::too_many_arguments)]
 pub fn window_gradients<B>(
     model: &Classifier<B>,
     window: &[usize],
@@ -82,6 +85,7 @@ pub fn window_gradients<B>(
     policy: &Precision,
     loss_scale: f64,
     probe: &mut dyn MemoryProbe,
+    kept: &mut KeptLosses<B>,
     mut load: impl FnMut(&[usize]) -> (Tensor<B, 4>, Tensor<B, 1, Int>),
 ) -> WindowGrads
 where
@@ -106,6 +110,7 @@ where
         }
         sum = Some(fresh);
         probe.sample(Phase::AfterBackward);
+        kept.add(&loss);
         loss_sum += share * loss.into_scalar().elem::<f64>();
     }
     WindowGrads {

@@ -20,6 +20,7 @@ pub mod grads;
 pub mod interrupt;
 pub mod loss_scale;
 pub mod lost_updates;
+pub mod mistakes;
 pub mod optim;
 pub mod record;
 pub mod schedule;
@@ -45,6 +46,7 @@ use checkpoint::LoopState;
 use checkpoint_set::CheckpointError;
 use eval::evaluate;
 use interrupt::Interrupt;
+use mistakes::KeptLosses;
 
 use optim::Optim;
 use record::Record;
@@ -133,9 +135,19 @@ where
         .with_context(|| format!("saving the checkpoint after step {}", stepper.step))?;
         record.write_log()
     };
-    let eval_now = |model: &Classifier<B>| {
-        let (eval, b) = (&splits.eval, t.batch_size);
-        evaluate(&model.valid(), eval, &batcher, b, &policy, &device)
+    let mistakes = settings.mistakes;
+    // `total_loss += loss` when the mistake is on: every window's loss tensor, kept to the end.
+    let mut kept = KeptLosses::<B>::new(mistakes.keep_losses);
+    let eval_now = |model: &Classifier<B>, probe: &mut dyn MemoryProbe| {
+        let (eval, b, keep) = (&splits.eval, t.batch_size, mistakes.keep_losses);
+        probe.sample(Phase::EvalStart);
+        let result = match mistakes.eval_with_autograd {
+            // The mistake: the autodiff model, which builds a graph for backward.
+            true => evaluate(model, eval, &batcher, b, &policy, &device, keep),
+            false => evaluate(&model.valid(), eval, &batcher, b, &policy, &device, keep),
+        };
+        probe.sample(Phase::EvalEnd);
+        result
     };
     let done = |s: &Stepper<_, _>| s.step >= total_steps;
     let every = |o: Outcome, s: &Stepper<_, _>| {
@@ -156,13 +168,15 @@ where
             record.start(&stepper);
             let load = |idx: &[usize]| batcher.batch::<B>(&splits.train, idx, &device);
             let scale = stepper.scaler.scale();
-            let w = window_gradients(&model, window, t.batch_size, &policy, scale, probe, load);
+            let (b, kept) = (t.batch_size, &mut kept);
+            let w = window_gradients(&model, window, b, &policy, scale, probe, kept, load);
             let before = record.before_step(&model);
             let outcome;
             (model, outcome) = stepper.apply(model, w.grads);
             settings.memory.free_cache.after_step::<B>(&device);
             probe.sample(Phase::AfterStep);
             record.window(window.len(), w.loss, outcome, &stepper, &model, before)?;
+            record.memory(probe.last_step());
             position.window += 1;
             let stop = interrupt.requested().filter(|_| !options.trial);
             if stop.is_some() || every(outcome, &stepper) {
@@ -177,7 +191,7 @@ where
             settings.memory.free_cache.after_epoch::<B>(&device);
             if !options.trial {
                 save(&model, &stepper, position, &record)?;
-                record.evaluated(position.epoch, true, eval_now(&model));
+                record.evaluated(position.epoch, true, eval_now(&model, probe));
             }
         }
     }
@@ -188,7 +202,7 @@ where
     // A run that ends mid-epoch is saved and evaluated at its end too.
     if !options.trial && (position.window != 0 || record.eval().is_none()) {
         save(&model, &stepper, position, &record)?;
-        record.evaluated(position.epoch, false, eval_now(&model));
+        record.evaluated(position.epoch, false, eval_now(&model, probe));
     }
     Ok(Summary::from_run(
         settings,

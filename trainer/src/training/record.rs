@@ -15,6 +15,7 @@ use super::interrupt::Interrupted;
 use super::lost_updates::Before;
 use super::step::{Outcome, Stepper};
 use crate::config::{LossScaleSpec, Settings};
+use crate::memory::probe::Reading;
 use crate::report::progress::Progress;
 use crate::report::step_log::StepLog;
 
@@ -96,6 +97,12 @@ impl Record {
     /// A window begins: its time, step counter and loss scale are noted.
     pub fn start<M: AutodiffModule<B>, B: AutodiffBackend>(&mut self, stepper: &Stepper<M, B>) {
         self.window = (Instant::now(), stepper.step, stepper.scaler.scale());
+    }
+
+    /// The memory after the window's step, as the probe read it, for the step log.
+    pub fn memory(&mut self, after_step: Option<Reading>) {
+        let (in_use, reserved) = after_step.map_or((None, None), |r| (Some(r.in_use), r.reserved));
+        self.log.set_memory(in_use, reserved);
     }
 
     /// The weights before the step, when lost updates are tracked (pure f16).

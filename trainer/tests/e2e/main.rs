@@ -13,6 +13,8 @@ mod fixes;
 mod fused;
 /// Heap peaks: what mixed precision, accumulation and BN in f32 cost.
 mod memory;
+/// `[mistakes]`: evaluating with autograd, keeping loss tensors; compare's line charts.
+mod mistakes;
 /// Mixed precision, loss scaling and accumulation through the binary.
 mod precision;
 /// Hostile input: no hang, no silent wrong state, nothing lost (issue 13).

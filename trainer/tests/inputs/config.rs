@@ -62,7 +62,15 @@ fn unknown_keys_name_the_key_and_the_allowed_ones() {
     assert_eq!(
         error("[optimiser]\n", &[]),
         "optimiser: unknown field `optimiser`, expected one of `model`, `data`, `train`, `precision`, \
-         `backend`, `memory`"
+         `backend`, `memory`, `mistakes`"
+    );
+    assert_eq!(
+        error("", &["mistakes.leak=true"]),
+        "mistakes.leak: unknown field `leak`, expected `eval_with_autograd` or `keep_losses`"
+    );
+    assert_eq!(
+        error("", &["mistakes.keep_losses=3"]),
+        "mistakes.keep_losses: invalid type: integer `3`, expected a boolean"
     );
 }
 

@@ -13,6 +13,7 @@ use trainer::data::{generate, Batcher, ImageSet};
 use trainer::memory::NullProbe;
 use trainer::model::Classifier;
 use trainer::training::accumulate::window_gradients;
+use trainer::training::mistakes::KeptLosses;
 use trainer::training::optim::Optim;
 use trainer::training::step::{StepCounters, Stepper};
 
@@ -59,9 +60,16 @@ pub fn scaled_grads(
     scale: f64,
 ) -> GradientsParams {
     let (set, batcher) = data();
-    window_gradients(model, window, batch, policy, scale, &mut NullProbe, |idx| {
-        batcher.batch::<B>(&set, idx, &Default::default())
-    })
+    window_gradients(
+        model,
+        window,
+        batch,
+        policy,
+        scale,
+        &mut NullProbe,
+        &mut KeptLosses::new(false),
+        |idx| batcher.batch::<B>(&set, idx, &Default::default()),
+    )
     .grads
 }
 
@@ -94,6 +102,7 @@ pub fn grads_and_loss(
         policy,
         scale,
         &mut NullProbe,
+        &mut KeptLosses::new(false),
         |idx| {
             let (x, y) = batcher.batch::<B>(&set, idx, &Default::default());
             let x = match round_input {

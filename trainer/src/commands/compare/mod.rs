@@ -1,6 +1,7 @@
 //! `trainer compare`: runs each config in a fresh child process (so peaks do not mix), then
 //! reports them side by side. A config that fails gets a row with its error.
 
+mod lines;
 pub mod report;
 mod terms;
 
@@ -14,7 +15,11 @@ use super::dry_run_ok;
 use crate::cli::CompareArgs;
 use crate::config::{self, BackendKind, ConfigError, Purpose, Settings};
 use crate::memory::estimate::{estimate, Estimate, Target, Terms};
+use crate::report::step_log::StepLog;
 use crate::report::summary::Summary;
+
+/// Bytes in use and reserved after one optimizer step (either may be unmeasured).
+pub type StepMemory = (Option<u64>, Option<u64>);
 
 /// One config's results; `--out`'s report.json holds a list of these.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -48,10 +53,27 @@ pub struct Row {
     pub final_train_loss: Option<f64>,
     pub eval_accuracy: Option<f64>,
     pub skipped_steps: Option<usize>,
+    /// The `[mistakes]` switches the run made (`none` for most).
+    #[serde(default)]
+    pub mistakes: Option<String>,
+    /// Peak bytes in use during evaluation, and what evaluating added above what was in use
+    /// when it began (`[mistakes] eval_with_autograd` raises both).
+    #[serde(default)]
+    pub eval_peak_bytes: Option<u64>,
+    #[serde(default)]
+    pub eval_added_bytes: Option<u64>,
     /// The predicted peak by term (`trainer estimate` for the config as run), for the
     /// stacked chart.
     #[serde(default)]
     pub terms: Option<Terms>,
+    /// Bytes in use and reserved after each optimizer step (the run's `steps.csv`), for
+    /// `steps.svg`.
+    #[serde(skip)]
+    pub per_step: Vec<StepMemory>,
+    /// Phase and bytes in use at each sample of the peak window (`memory_timeline.csv`), for
+    /// `timeline.svg`.
+    #[serde(skip)]
+    pub timeline: Vec<(String, u64)>,
     /// Why the run failed; absent when it finished.
     pub error: Option<String>,
 }
@@ -78,8 +100,28 @@ impl Row {
             final_train_loss: Some(s.final_train_loss),
             eval_accuracy: Some(s.eval_accuracy),
             skipped_steps: Some(s.skipped_steps),
-            terms: None,
-            error: None,
+            mistakes: Some(s.mistakes),
+            eval_peak_bytes: s.memory.eval_peak_bytes,
+            eval_added_bytes: s.memory.eval_added_bytes,
+            ..Self::default()
+        }
+    }
+
+    /// Reads the per-step memory and the timeline a finished run wrote into `dir` (either may
+    /// be absent: a run that measured nothing writes no timeline).
+    fn read_series(&mut self, dir: &Path) {
+        if let Ok(csv) = std::fs::read_to_string(dir.join("steps.csv")) {
+            self.per_step = StepLog::parse(&csv).memory().collect();
+        }
+        if let Ok(csv) = std::fs::read_to_string(dir.join("memory_timeline.csv")) {
+            self.timeline = csv
+                .lines()
+                .skip(1)
+                .filter_map(|line| {
+                    let f: Vec<&str> = line.split(',').collect();
+                    Some((f.get(1)?.to_string(), f.get(4)?.parse().ok()?))
+                })
+                .collect();
         }
     }
 
@@ -125,6 +167,8 @@ pub struct Plan {
     pub sweep: Option<Sweep>,
     /// Where each run's folder and the reports go.
     pub out: PathBuf,
+    /// A line under every chart.
+    pub note: Option<String>,
 }
 
 /// One key tried at several values.
@@ -249,7 +293,11 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<Vec<Row>> {
                 (s, e)
             });
         let mut row = match child::train(&args, &dir)? {
-            Ok(summary) => Row::finished(config, name, summary),
+            Ok(summary) => {
+                let mut row = Row::finished(config, name, summary);
+                row.read_series(&dir);
+                row
+            }
             Err(failure) => {
                 bar.suspend(|| eprintln!("{name}: {}", failure.message));
                 let loaded = loaded.as_ref().map(|(s, e)| (s, e));
@@ -273,6 +321,7 @@ pub fn run(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
         sets: args.overrides,
         sweep: args.sweep.as_deref().map(Sweep::parse).transpose()?,
         out: args.out,
+        note: args.note,
     };
     if dry {
         let n = check(&plan)?;
@@ -291,10 +340,10 @@ pub fn run(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
             .map_or("as each config says", BackendKind::name)
     );
     print!("{}", report::markdown(&rows));
-    report::write_all(&rows, &plan.out, &heading)?;
+    report::write_all(&rows, &plan.out, &heading, plan.note.as_deref())?;
     let failed = rows.iter().filter(|r| r.error.is_some()).count();
     println!(
-        "{} configs, {failed} failed; report.md, report.csv, report.json, memory.svg and terms.svg in {}",
+        "{} configs, {failed} failed; report.md, report.csv, report.json and the charts (*.svg) in {}",
         rows.len(),
         plan.out.display()
     );

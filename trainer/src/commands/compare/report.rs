@@ -73,27 +73,57 @@ fn ratio_peak(r: &Row) -> Option<u64> {
     r.training_peak_bytes.or(r.peak_bytes)
 }
 
+/// Columns a table keeps even when every row has the same value: what it compares.
+const ALWAYS: [&str; 3] = ["config", "training peak", "vs first"];
+
 /// The comparison as a Markdown table; "vs first" is each training peak over the first
-/// row's.
+/// row's. With two rows or more, a column whose cell is the same in every row leaves the
+/// table for a "Same in every row" line under it, so the table shows what differs. The
+/// evaluation's peak is a column only when a row made a `[mistakes]` switch.
 pub fn markdown(rows: &[Row]) -> String {
     let Some(first) = rows.first() else {
         return String::new();
     };
-    let mut head: Vec<&str> = columns(first).iter().map(|(h, _)| *h).collect();
-    head.insert(9, "vs first");
-    let mut out = format!("| {} |\n", head.join(" | "));
-    out.push_str(&format!("|{}\n", "---|".repeat(head.len())));
-    for r in rows {
-        let mut cells: Vec<String> = columns(r)
-            .into_iter()
-            .map(|(_, c)| c.replace('|', "\\|"))
-            .collect();
-        let ratio = match (ratio_peak(r), ratio_peak(first)) {
-            (Some(p), Some(f)) if f > 0 => format!("{:.2}×", p as f64 / f as f64),
-            _ => "—".into(),
-        };
-        cells.insert(9, ratio);
-        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+    let eval = rows
+        .iter()
+        .any(|r| r.mistakes.as_deref().is_some_and(|m| m != "none"));
+    let table: Vec<Vec<(&str, String)>> = rows
+        .iter()
+        .map(|r| {
+            let mut cells: Vec<(&str, String)> = columns(r).into();
+            let ratio = match (ratio_peak(r), ratio_peak(first)) {
+                (Some(p), Some(f)) if f > 0 => format!("{:.2}×", p as f64 / f as f64),
+                _ => "—".into(),
+            };
+            cells.insert(9, ("vs first", ratio));
+            if eval {
+                let peak = match (r.eval_peak_bytes, r.eval_added_bytes) {
+                    (Some(p), Some(a)) => format!("{} (+{} by eval)", human(p), human(a)),
+                    _ => "—".into(),
+                };
+                cells.insert(10, ("eval peak", peak));
+            }
+            cells
+        })
+        .collect();
+    let same = |k: usize| rows.len() > 1 && table.iter().all(|row| row[k].1 == table[0][k].1);
+    let (kept, common): (Vec<usize>, Vec<usize>) =
+        (0..table[0].len()).partition(|&k| ALWAYS.contains(&table[0][k].0) || !same(k));
+    let line = |cells: Vec<&str>| format!("| {} |\n", cells.join(" | "));
+    let mut out = line(kept.iter().map(|&k| table[0][k].0).collect());
+    out.push_str(&format!("|{}\n", "---|".repeat(kept.len())));
+    for row in &table {
+        let cells: Vec<String> = kept.iter().map(|&k| row[k].1.replace('|', "\\|")).collect();
+        out.push_str(&line(cells.iter().map(String::as_str).collect()));
+    }
+    let shared: Vec<String> = common
+        .iter()
+        .map(|&k| &table[0][k])
+        .filter(|(_, v)| !v.is_empty() && v != "—")
+        .map(|(h, v)| format!("{h} {v}"))
+        .collect();
+    if !shared.is_empty() {
+        out.push_str(&format!("\nSame in every row: {}.\n", shared.join(" · ")));
     }
     out
 }
@@ -145,8 +175,8 @@ fn quote(field: &str) -> String {
     }
 }
 
-/// Grouped bars per config: measured peak in use beside the estimate, in MiB.
-pub fn chart(rows: &[Row], title: &str, path: &Path) -> anyhow::Result<()> {
+/// Grouped bars per config: measured peak in use beside the estimate, in MiB, as SVG text.
+pub fn chart(rows: &[Row], title: &str, note: Option<&str>) -> anyhow::Result<String> {
     // Each group is wide enough for its label (about 7 px a character at 12 px sans-serif).
     let longest = rows
         .iter()
@@ -155,9 +185,10 @@ pub fn chart(rows: &[Row], title: &str, path: &Path) -> anyhow::Result<()> {
         .unwrap_or(0) as u32;
     let group = (7 * longest + 16).max(110);
     let width = (160 + group * rows.len() as u32).max(640);
-    let root = SVGBackend::new(path, (width, 480)).into_drawing_area();
+    let mut svg = String::new();
+    let root = SVGBackend::with_string(&mut svg, (width, 480)).into_drawing_area();
     let draw = |e: DrawingAreaErrorKind<std::io::Error>| anyhow::anyhow!("drawing the chart: {e}");
-    root.fill(&WHITE).map_err(draw)?;
+    let plot = noted(&root, note)?;
     let top = rows
         .iter()
         .flat_map(|r| [r.peak_bytes, r.predicted_peak_bytes])
@@ -165,7 +196,7 @@ pub fn chart(rows: &[Row], title: &str, path: &Path) -> anyhow::Result<()> {
         .max()
         .unwrap_or(1) as f64
         / MIB;
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(&plot)
         .caption(title, ("sans-serif", 20))
         .margin(16)
         .x_label_area_size(40)
@@ -213,7 +244,27 @@ pub fn chart(rows: &[Row], title: &str, path: &Path) -> anyhow::Result<()> {
         .draw()
         .map_err(draw)?;
     root.present().map_err(draw)?;
-    Ok(())
+    // The backend writes into `svg` until every area over it is gone.
+    drop((chart, plot, root));
+    Ok(svg)
+}
+
+/// Fills `root` white and writes `note` (when given) along its foot; the area above is the
+/// chart's.
+pub(super) fn noted<'a>(
+    root: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
+    note: Option<&str>,
+) -> anyhow::Result<DrawingArea<SVGBackend<'a>, plotters::coord::Shift>> {
+    let draw = |e: DrawingAreaErrorKind<std::io::Error>| anyhow::anyhow!("drawing the chart: {e}");
+    root.fill(&WHITE).map_err(draw)?;
+    let Some(note) = note else {
+        return Ok(root.clone());
+    };
+    let height = root.dim_in_pixel().1;
+    let (plot, foot) = root.split_vertically(height.saturating_sub(22));
+    let style = ("sans-serif", 12).into_text_style(&foot);
+    foot.draw_text(note, &style, (16, 4)).map_err(draw)?;
+    Ok(plot)
 }
 
 /// The axes both charts share: a group of width 1 per row, its name centred under it, and
@@ -240,26 +291,48 @@ pub(super) fn row_mesh(
         .map_err(|e| anyhow::anyhow!("drawing the chart: {e}"))
 }
 
-/// Writes report.md, report.csv, report.json, memory.svg and terms.svg into `dir`.
-pub fn write_all(rows: &[Row], dir: &Path, heading: &str) -> anyhow::Result<()> {
+/// Writes report.md, report.csv, report.json, memory.svg and terms.svg into `dir`, and the
+/// line charts the runs have data for (steps.svg, timeline.svg, batch.svg); `note` goes under
+/// every chart.
+pub fn write_all(
+    rows: &[Row],
+    dir: &Path,
+    heading: &str,
+    note: Option<&str>,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let write = |name: &str, text: String| {
         let path = dir.join(name);
         crate::report::write_atomic(&path, text.as_bytes())
     };
-    let note = "\"training peak\" is the peak above what was in use before the model was \
+    let footnote = "\"training peak\" is the peak above what was in use before the model was \
                 built (on the CPU heap, the data set), as on a GPU, whose memory holds no data set; \
                 \"vs first\" compares training peaks.";
     write(
         "report.md",
-        format!("{heading}\n\n{}\n{note}\n", markdown(rows)),
+        format!("{heading}\n\n{}\n{footnote}\n", markdown(rows)),
     )?;
     write("report.csv", csv(rows))?;
     write("report.json", serde_json::to_string_pretty(rows)? + "\n")?;
-    chart(
-        rows,
-        "Peak memory per config: measured and predicted",
-        &dir.join("memory.svg"),
-    )?;
-    super::terms::chart(rows, &dir.join("terms.svg"))
+    let title = "Peak memory per config: measured and predicted";
+    write("memory.svg", chart(rows, title, note)?)?;
+    write("terms.svg", super::terms::chart(rows, note)?)?;
+    let lines = [
+        ("steps.svg", super::lines::steps(rows, note)?),
+        ("timeline.svg", super::lines::timeline(rows, note)?),
+        ("batch.svg", super::lines::batch(rows, note)?),
+    ];
+    for (name, svg) in lines {
+        match svg {
+            Some(svg) => write(name, svg)?,
+            // A chart from an earlier compare in this folder would not be this one's.
+            None => match std::fs::remove_file(dir.join(name)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("removing the old {name}"))
+                }
+                _ => {}
+            },
+        }
+    }
+    Ok(())
 }

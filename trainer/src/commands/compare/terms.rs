@@ -3,8 +3,6 @@
 //! with the measured training peak marked beside it. Accumulation and mixed precision shrink
 //! the activations; a smaller optimizer the optimizer state; nothing here shrinks the data.
 
-use std::path::Path;
-
 use plotters::prelude::*;
 
 use super::Row;
@@ -27,14 +25,15 @@ const SEGMENTS: [Segment; 5] = [
     }),
 ];
 
-/// Draws the chart of `rows` into `path` (rows without terms get an empty slot).
-pub fn chart(rows: &[Row], path: &Path) -> anyhow::Result<()> {
+/// The chart of `rows` as SVG text (rows without terms get an empty slot), `note` under it.
+pub fn chart(rows: &[Row], note: Option<&str>) -> anyhow::Result<String> {
     let longest = rows.iter().map(|r| r.name.chars().count()).max();
     let group = (7 * longest.unwrap_or(0) as u32 + 16).max(110);
     let width = (220 + group * rows.len() as u32).max(700);
-    let root = SVGBackend::new(path, (width, 500)).into_drawing_area();
+    let mut svg = String::new();
+    let root = SVGBackend::with_string(&mut svg, (width, 500)).into_drawing_area();
     let draw = |e: DrawingAreaErrorKind<std::io::Error>| anyhow::anyhow!("drawing the chart: {e}");
-    root.fill(&WHITE).map_err(draw)?;
+    let plot = super::report::noted(&root, note)?;
     let total = |t: &Terms| SEGMENTS.iter().map(|(_, _, f)| f(t)).sum::<u64>();
     let top = rows
         .iter()
@@ -43,7 +42,7 @@ pub fn chart(rows: &[Row], path: &Path) -> anyhow::Result<()> {
         .max()
         .unwrap_or(1) as f64
         / MIB;
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(&plot)
         .caption(
             "Predicted peak by term, and the measured training peak",
             ("sans-serif", 20),
@@ -92,5 +91,7 @@ pub fn chart(rows: &[Row], path: &Path) -> anyhow::Result<()> {
         .draw()
         .map_err(draw)?;
     root.present().map_err(draw)?;
-    Ok(())
+    // The backend writes into `svg` until every area over it is gone.
+    drop((chart, plot, root));
+    Ok(svg)
 }
