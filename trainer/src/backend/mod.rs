@@ -11,7 +11,9 @@ use burn::backend::{Autodiff, Cuda, Flex, Wgpu};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, ElementConversion, Tensor};
 
-use crate::config::BackendKind;
+use std::path::PathBuf;
+
+use crate::config::{Autotune, AutotuneCache, BackendKind, Settings};
 use crate::panics::{self, Captured};
 
 mod cuda;
@@ -107,6 +109,40 @@ pub fn headless() {
     if cfg!(target_os = "linux") && std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
     }
+}
+
+/// Applies `backend.autotune` and `backend.autotune_cache` to CubeCL's runtime config, over
+/// what its config file and environment say. CubeCL reads its config once, when the first
+/// device is made: call this before [`select`]. Returns the fresh cache folder to remove when
+/// the run ends, if one was made.
+pub fn configure_cubecl(settings: &Settings) -> Option<PathBuf> {
+    use burn::cubecl::config::autotune::AutotuneLevel;
+    use burn::cubecl::config::cache::CacheConfig;
+    use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+
+    let fresh = (settings.autotune_cache == AutotuneCache::Fresh)
+        .then(|| std::env::temp_dir().join(format!("oomlab-autotune-{}", std::process::id())));
+    if settings.autotune.is_none() && fresh.is_none() {
+        return None;
+    }
+    if CubeClRuntimeConfig::storage().lock().is_some() {
+        // Already read by an earlier run in this process (a library caller): it stays.
+        return None;
+    }
+    let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
+    if let Some(level) = settings.autotune {
+        config.autotune.level = match level {
+            Autotune::Minimal => AutotuneLevel::Minimal,
+            Autotune::Balanced => AutotuneLevel::Balanced,
+            Autotune::Extensive => AutotuneLevel::Extensive,
+            Autotune::Full => AutotuneLevel::Full,
+        };
+    }
+    if let Some(dir) = &fresh {
+        config.autotune.cache = CacheConfig::File(dir.clone());
+    }
+    CubeClRuntimeConfig::set(config);
+    fresh
 }
 
 /// Resolves `kind`: `auto` takes CUDA when device `index` initialises, else a wgpu hardware

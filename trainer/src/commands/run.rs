@@ -25,6 +25,8 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
         eprintln!("note: {note}");
     }
     host::check(&settings)?;
+    // CubeCL's search settings first: it reads them when the first device is made.
+    let _fresh_cache = backend::configure_cubecl(&settings).map(RemoveOnDrop);
     // The device and its dtypes are settled before any output folder is made.
     let selected = backend::select(settings.backend, settings.cuda_index)?;
     if let Some(half) = settings.precision.mode.half() {
@@ -87,4 +89,14 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
         summary.write_json(path)?;
     }
     Ok(())
+}
+
+/// A folder removed when the run ends, however it ends (`backend.autotune_cache = "fresh"`).
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        // Best effort: it lies in the temporary folder, which the system cleans anyway.
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

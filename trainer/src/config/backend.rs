@@ -31,10 +31,54 @@ impl BackendKind {
     }
 }
 
+/// How hard CubeCL searches for the fastest kernel of each shape before using it: the
+/// counterpart of `torch.backends.cudnn.benchmark` (CubeCL's levels; it cannot be switched
+/// off). Nothing on the CPU backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Autotune {
+    /// The fewest candidates.
+    Minimal,
+    /// CubeCL's default.
+    Balanced,
+    /// More candidates.
+    Extensive,
+    /// Every candidate.
+    Full,
+}
+
+impl Autotune {
+    /// The spelling in TOML and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Minimal => "minimal",
+            Self::Balanced => "balanced",
+            Self::Extensive => "extensive",
+            Self::Full => "full",
+        }
+    }
+}
+
+/// Where CubeCL keeps the kernels its search chose, so that later runs skip the search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutotuneCache {
+    /// CubeCL's own place: `target/autotune` inside a Cargo project, else the user's cache
+    /// folder. Shared by every run there.
+    Shared,
+    /// A new, empty folder for this run only (removed when it ends): every run searches from
+    /// scratch, as a first run anywhere does.
+    Fresh,
+}
+
 /// `[backend]`
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawBackend {
     pub kind: BackendKind,
     pub cuda_index: usize,
+    /// Unset: CubeCL's own choice (its config file, `CUBECL_AUTOTUNE_LEVEL`, else balanced).
+    pub autotune: Option<Autotune>,
+    /// Unset: `shared`.
+    pub autotune_cache: Option<AutotuneCache>,
 }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use backend::BackendKind;
+pub use backend::{Autotune, AutotuneCache, BackendKind};
 pub use data::DataSource;
 pub use data::{DataSpec, CIFAR10_IMAGES, NUM_CLASSES};
 pub use memory::{parse_size, Checkpointing, FreeCache, Fuse, MemorySpec, SIZE_HELP};
@@ -97,6 +97,10 @@ pub struct Settings {
     pub precision: PrecisionSpec,
     pub backend: BackendKind,
     pub cuda_index: usize,
+    /// `backend.autotune`: CubeCL's search level, when set.
+    pub autotune: Option<Autotune>,
+    /// `backend.autotune_cache`: where the search's choices are kept.
+    pub autotune_cache: AutotuneCache,
     pub memory: MemorySpec,
     /// Teaching switches that make a memory mistake on purpose.
     pub mistakes: Mistakes,
@@ -297,6 +301,8 @@ fn validate(path: &Path, raw: RawConfig, purpose: Purpose) -> Result<Settings, C
         precision,
         backend: raw.backend.kind,
         cuda_index: raw.backend.cuda_index,
+        autotune: raw.backend.autotune,
+        autotune_cache: raw.backend.autotune_cache.unwrap_or(AutotuneCache::Shared),
         memory,
         mistakes: raw.mistakes,
     })

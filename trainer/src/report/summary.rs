@@ -7,7 +7,7 @@ use burn_models::dtype_name;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Selected;
-use crate::config::Settings;
+use crate::config::{AutotuneCache, Settings};
 use crate::memory::estimate::{estimate, Target};
 use crate::memory::{human, MemoryReport};
 use crate::model::Classifier;
@@ -61,6 +61,9 @@ pub struct Summary {
     /// `memory.fuse`: whether the blocks ran as fused ops.
     #[serde(default = "no_fusion")]
     pub fuse: String,
+    /// CubeCL's kernel search (`backend.autotune`, `autotune_cache`); `n/a` on the CPU.
+    #[serde(default)]
+    pub autotune: String,
     /// The `[mistakes]` switches on, comma-separated, or `none`.
     #[serde(default = "no_mistakes")]
     pub mistakes: String,
@@ -121,6 +124,19 @@ impl Summary {
             checkpointing: m.checkpointing.name().into(),
             fuse: m.fuse.name().into(),
             mistakes: mistakes(settings),
+            autotune: match backend {
+                Selected::Cpu => "n/a (CPU)".into(),
+                _ => format!(
+                    "{}, cache {}",
+                    settings
+                        .autotune
+                        .map_or("as CubeCL's config says (default balanced)", |a| a.name()),
+                    match settings.autotune_cache {
+                        AutotuneCache::Shared => "shared",
+                        AutotuneCache::Fresh => "fresh (this run only)",
+                    }
+                ),
+            },
             final_lr: stepper.lr(),
             steps: stepper.step,
             epochs,
@@ -180,6 +196,7 @@ impl Summary {
             ("epochs", self.epochs.to_string()),
             ("images/s", format!("{:.0}", self.images_per_sec)),
             ("warm-up", self.warmup.describe(self.backend != "cpu")),
+            ("autotune", self.autotune.clone()),
             ("final train loss", format!("{:.4}", self.final_train_loss)),
             ("eval loss", format!("{:.4}", self.eval_loss)),
             (

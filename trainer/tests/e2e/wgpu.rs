@@ -163,9 +163,9 @@ fn checkpointing_lowers_the_device_peak_on_wgpu() {
 #[test]
 fn free_cache_lowers_reserved_memory_not_the_peak_on_wgpu() {
     let steps = ["--max-steps", "3", "--set", "train.batch_size=32"];
-    let (never, _) = wgpu("wgpu-cache-never", "configs/amp.toml", &steps);
+    let (never, never_dir) = wgpu("wgpu-cache-never", "configs/amp.toml", &steps);
     let with = [&steps[..], &["--set", "memory.free_cache=step"]].concat();
-    let (step, _) = wgpu("wgpu-cache-step", "configs/amp.toml", &with);
+    let (step, step_dir) = wgpu("wgpu-cache-step", "configs/amp.toml", &with);
     let after = |s: &serde_json::Value| bytes(s, "reserved_after_step_bytes");
     assert!(
         after(&step) < after(&never),
@@ -177,6 +177,58 @@ fn free_cache_lowers_reserved_memory_not_the_peak_on_wgpu() {
     assert!(
         (0.95..1.05).contains(&ratio),
         "peak in use step / never = {ratio}"
+    );
+    // steps.csv has both figures after every step: the pool never holds less than is in use,
+    // and after each step `step` holds less than `never` does.
+    let per_step = |dir: &Path| -> Vec<(u64, u64)> {
+        let csv = std::fs::read_to_string(dir.join("steps.csv")).unwrap();
+        csv.lines()
+            .skip(1)
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                (f[6].parse().unwrap(), f[7].parse().unwrap())
+            })
+            .collect()
+    };
+    let (n, s) = (per_step(&never_dir), per_step(&step_dir));
+    assert_eq!((n.len(), s.len()), (3, 3));
+    for ((n_use, n_res), (s_use, s_res)) in n.iter().zip(&s) {
+        assert!(n_res >= n_use && s_res >= s_use, "{n:?} {s:?}");
+        assert!(
+            s_res < n_res,
+            "reserved after a step: step {s:?} vs never {n:?}"
+        );
+    }
+}
+
+/// `backend.autotune` and `autotune_cache = "fresh"` reach CubeCL: the summary names them, and
+/// the run's own cache folder is gone when it ends.
+#[test]
+fn autotune_settings_reach_cubecl_and_a_fresh_cache_is_removed() {
+    let leftovers = || -> Vec<String> {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("oomlab-autotune-"))
+            .collect()
+    };
+    let before = leftovers();
+    let extra = [
+        "--max-steps",
+        "1",
+        "--set",
+        "train.batch_size=16",
+        "--set",
+        "backend.autotune=minimal",
+        "--set",
+        "backend.autotune_cache=fresh",
+    ];
+    let (s, _) = wgpu("wgpu-autotune", "configs/f32.toml", &extra);
+    assert_eq!(s["autotune"], "minimal, cache fresh (this run only)");
+    assert_eq!(
+        leftovers(),
+        before,
+        "the fresh cache folder outlived its run"
     );
 }
 

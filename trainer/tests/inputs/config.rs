@@ -69,6 +69,15 @@ fn unknown_keys_name_the_key_and_the_allowed_ones() {
         "mistakes.leak: unknown field `leak`, expected `eval_with_autograd` or `keep_losses`"
     );
     assert_eq!(
+        error("", &["backend.autotune=max"]),
+        "backend.autotune: unknown variant `max`, expected one of `minimal`, `balanced`, \
+         `extensive`, `full`"
+    );
+    assert_eq!(
+        error("", &["backend.autotune_cache=tmp"]),
+        "backend.autotune_cache: unknown variant `tmp`, expected `shared` or `fresh`"
+    );
+    assert_eq!(
         error("", &["mistakes.keep_losses=3"]),
         "mistakes.keep_losses: invalid type: integer `3`, expected a boolean"
     );

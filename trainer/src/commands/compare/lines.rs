@@ -84,7 +84,8 @@ fn around(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
         return 0.0..1.0;
     }
     let pad = ((hi - lo) * 0.15).max(hi.abs() * 1e-4).max(1e-3);
-    (lo - pad)..(hi + pad * 2.5) // room above for the legend
+    // Bytes are never negative; room above for the legend.
+    (lo - pad).max(0.0_f64.min(lo))..(hi + pad * 2.5)
 }
 
 /// `steps.svg`, or `None` when no run logged memory per step.
