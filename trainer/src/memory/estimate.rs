@@ -8,8 +8,10 @@
 //! oomlab's batch norm keeps its input and two per-channel vectors. A tensor kept by two ops
 //! (a ReLU output that is the next conv's input) is counted once.
 //!
-//! The peak is whichever is larger: the end of forward, or a point in backward, where a layer's
-//! incoming and outgoing gradients are alive beside the activations not yet freed.
+//! The peak is whichever is largest: the end of forward, a point in backward, where a layer's
+//! incoming and outgoing gradients are alive beside the activations not yet freed, or the
+//! optimizer step, where every gradient and the optimizer's state are alive (a large model at a
+//! small batch peaks there).
 
 use serde::Serialize;
 
@@ -67,6 +69,12 @@ pub struct Estimate {
     pub activations: Vec<Line>,
     /// What backward adds on top of the saved activations at its own peak.
     pub in_flight: Line,
+    /// What the optimizer step adds to the model state (less any half weight copies, freed by
+    /// then): every gradient and the new value of the largest parameter.
+    pub step: Line,
+    /// Model state + `step`: the peak when it is above backward's (a large model at a small
+    /// batch).
+    pub step_peak_bytes: u64,
     /// The data set held in host memory (on the CPU backend, the same heap).
     pub host_data: Line,
     /// What the CPU runtime keeps from its first use on (gemm's packing slabs): made before
@@ -146,11 +154,21 @@ impl Estimate {
             ),
             None => format!("host data {}", human(self.host_data.bytes)),
         };
+        let at = match self.step_peak_bytes >= self.device_peak_bytes {
+            true => "at the optimizer step",
+            false => "in backward",
+        };
         out.push_str(&format!(
-            "saved activations {}; device peak {}; {held} (the CPU heap peak also holds them: {})\n",
+            "saved activations {}; device peak {} ({at}); {held} (the CPU heap peak also holds them: {})\n",
             human(activations),
             human(self.device_peak_bytes),
             human(self.heap_peak())
+        ));
+        out.push_str(&format!(
+            "at the optimizer step: model state + {} ({}) = {}\n",
+            self.step.what,
+            human(self.step.bytes),
+            human(self.step_peak_bytes)
         ));
         let f = &self.floor;
         out.push_str(&format!(
@@ -241,15 +259,17 @@ fn op(group: &str, saves: u64, input: u64, output: u64) -> Op {
     }
 }
 
-/// The forward tape per image, trainable conv/linear weight elements, trainable BN elements
-/// and BN buffer elements.
-fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u64) {
+/// The forward tape per image, trainable conv/linear weight elements, trainable BN elements,
+/// BN buffer elements, and the elements of the largest single weight tensor.
+fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u64, u64) {
     let s = size as u64;
     let k = classes as u64;
     match spec {
         ModelSpec::Simple(_) => {
             let (c, pooled) = (burn_models::simple::CHANNELS as u64, (s / 2) * (s / 2));
             let weights = 3 * c * 9 + c + c * pooled * k + k;
+            // The linear layer's weight: 64 channels × 16 × 16 pooled × the classes.
+            let largest = (3 * c * 9).max(c * pooled * k);
             let linear = Op {
                 // The weight gradient's matmul converts the input and the output gradient.
                 bf16_f32: c * pooled + k,
@@ -286,7 +306,7 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
                         c * pooled,
                     )
                 };
-                return (vec![fused, linear], weights, 0, 0);
+                return (vec![fused, linear], weights, 0, 0, largest);
             }
             let ops = vec![
                 Op {
@@ -319,13 +339,14 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
                 },
                 linear,
             ];
-            (ops, weights, 0, 0)
+            (ops, weights, 0, 0, largest)
         }
         ModelSpec::MobileNet(m) => {
             let mut ops = Vec::new();
             let mut side = s.div_ceil(m.stem_stride as u64);
             let mut c_in = m.channels(burn_models::mobilenet::STEM_CHANNELS) as u64;
             let (mut weights, mut bn) = (3 * c_in * 9, 2 * c_in);
+            let mut largest = weights;
             let fused = spec.is_fused();
             // conv keeps its input, BN its input (the conv output), ReLU its input (BN's);
             // fused, one op keeps the first two and recomputes the third in backward.
@@ -369,6 +390,7 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
                 let group = format!("block {:>2} pointwise: {what}", i + 1);
                 conv_bn_relu(&mut ops, &group, dw, c_out * side * side);
                 weights += c_in * 9 + c_in * c_out;
+                largest = largest.max(c_in * c_out);
                 bn += 2 * c_in + 2 * c_out;
                 c_in = c_out;
             }
@@ -382,7 +404,7 @@ fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u6
                 ..op("linear (keeps its input)", c_in, c_in, k)
             });
             weights += c_in * k + k;
-            (ops, weights, bn, bn)
+            (ops, weights, bn, bn, largest.max(c_in * k))
         }
     }
 }
@@ -465,7 +487,7 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
     let (compute, pbytes) = dtype_bytes(settings);
     let t = &settings.train;
     let b = t.batch_size as u64;
-    let (mut ops, weights, bn, buffers) =
+    let (mut ops, weights, bn, buffers, largest) =
         tape(&settings.model, settings.input_size, settings.num_classes);
     if settings.memory.checkpointing == Checkpointing::Balanced {
         // ReLU is memory-bound: its output is recomputed in backward from its kept input.
@@ -556,12 +578,23 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         _ => 0,
     };
     let floor = floor(settings, b, compute, index, logits, gradients, &least_state);
-    let device_peak_bytes = model_state
+    let backward_peak: u64 = model_state
         .iter()
         .chain(&activations)
         .chain(std::iter::once(&in_flight))
         .map(|l| l.bytes)
         .sum();
+    // The optimizer step: the activations are gone, every gradient is alive, and each
+    // parameter's new value is written before its old one is dropped (one tensor at a time:
+    // the largest counts). A large model at a small batch peaks here, not in backward.
+    let least: u64 = least_state.iter().map(|l| l.bytes).sum();
+    let step = line(
+        "every gradient + the largest parameter's new value",
+        gradients / pbytes + largest,
+        pbytes,
+    );
+    let step_peak = least + step.bytes;
+    let device_peak_bytes = backward_peak.max(step_peak);
     let host_data = line(
         "data set (u8 images + labels)",
         super::host::data_bytes(settings),
@@ -574,13 +607,25 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         0
     };
     let activation_bytes = activations.iter().map(|l| l.bytes).sum::<u64>();
-    let gradient_bytes = in_flight.bytes + accumulated;
-    let terms = Terms {
-        parameters: device_peak_bytes - optimizer_state - gradient_bytes - activation_bytes,
-        gradients: gradient_bytes,
-        optimizer_state,
-        activations: activation_bytes,
-        data: host_data.bytes,
+    let terms = match step_peak > backward_peak {
+        // What is alive at the step: no activations; the replaced parameter is a parameter.
+        true => Terms {
+            parameters: step_peak - optimizer_state - accumulated - gradients,
+            gradients: gradients + accumulated,
+            optimizer_state,
+            activations: 0,
+            data: host_data.bytes,
+        },
+        false => {
+            let gradient_bytes = in_flight.bytes + accumulated;
+            Terms {
+                parameters: device_peak_bytes - optimizer_state - gradient_bytes - activation_bytes,
+                gradients: gradient_bytes,
+                optimizer_state,
+                activations: activation_bytes,
+                data: host_data.bytes,
+            }
+        }
     };
     Estimate {
         target,
@@ -589,6 +634,8 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         model_state,
         activations,
         in_flight,
+        step,
+        step_peak_bytes: step_peak,
         host_data,
         // Not the model's: what the CPU backend keeps once it has run.
         cpu_runtime: cpu.then(gemm_slabs),

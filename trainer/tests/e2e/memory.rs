@@ -168,3 +168,52 @@ fn estimate_prints_the_parameter_count_of_any_model() {
     );
     assert!(out.contains("block 13 pointwise"), "{out}");
 }
+
+/// A large model at batch 1 peaks at the optimizer step, where every gradient and the
+/// optimizer's state are alive: Adam's second moment costs one more parameter-sized buffer than
+/// SGD with momentum, and the estimate predicts both peaks.
+#[test]
+fn a_parameter_dominated_run_peaks_at_the_optimizer_step_as_predicted() {
+    let run = |optimizer: &str| {
+        let set = format!("train.optimizer={optimizer}");
+        let args = [
+            "--config",
+            "configs/mobilenet.toml",
+            "--backend",
+            "cpu",
+            // The optimizer's state exists from the first step on: the second has all of it.
+            "--max-steps",
+            "2",
+            "--set",
+            "model.width_multiplier=2.0",
+            "--set",
+            "train.batch_size=1",
+            "--set",
+            "data.train_size=16",
+            "--set",
+            "data.eval_size=4",
+            "--set",
+            &set,
+        ];
+        train(&format!("param-dominated-{optimizer}"), &args).1
+    };
+    let (sgd, adam) = (run("sgd"), run("adam"));
+    let bytes = |s: &serde_json::Value, k: &str| s[k].as_f64().unwrap();
+    for s in [&sgd, &adam] {
+        let (measured, predicted) = (
+            bytes(s, "training_peak_bytes"),
+            bytes(s, "predicted_training_peak_bytes"),
+        );
+        assert!(
+            (measured / predicted - 1.0).abs() < 0.05,
+            "measured {measured} vs predicted {predicted}"
+        );
+    }
+    // 12.7 M f32 parameters: one moment is 48.5 MiB.
+    let moment = 4.0 * bytes(&sgd, "parameters");
+    let extra = bytes(&adam, "training_peak_bytes") - bytes(&sgd, "training_peak_bytes");
+    assert!(
+        (extra / moment - 1.0).abs() < 0.05,
+        "Adam − SGD = {extra} bytes, one moment = {moment}"
+    );
+}
