@@ -46,7 +46,10 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 # Text under docs/ changes no measurement; code and configs do.
 git diff --quiet HEAD -- . ':!docs' 2>/dev/null || commit="$commit with uncommitted changes"
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
-stamp="Measured $(date -u +%Y-%m-%d) on $(nproc) cores (${cpu:-$(uname -m)}), CPU backend (Flex), commit $commit, by scripts/book-figures.sh."
+on="$(date -u +%Y-%m-%d) on $(nproc) cores (${cpu:-$(uname -m)})"
+stamp="Measured $on, CPU backend (Flex), commit $commit, by scripts/book-figures.sh."
+# wgpu figures run on whatever Vulkan device the machine has; here, Mesa's llvmpipe.
+stamp_wgpu="Measured $on, wgpu backend (Vulkan; on a machine without a GPU, Mesa's llvmpipe), commit $commit, by scripts/book-figures.sh."
 
 wanted() { [[ ${#only[@]} -eq 0 ]] || [[ " ${only[*]} " == *" $1 "* ]]; }
 
@@ -113,27 +116,44 @@ config-diff() {
   fill "$name" "$work/$name.md"
 }
 
-# compare NAME ARGS...: `trainer compare ARGS --out target/book-figures/NAME`, its table and
-# its two charts (measured vs predicted; the prediction stacked by term).
+# The caption of each chart compare draws.
+declare -A captions=(
+  [memory]="Peak memory per config, measured and predicted"
+  [terms]="The predicted peak by term (parameters, gradients, optimizer state, activations, data set in host memory) and the measured training peak"
+  [steps]="Bytes in use (solid) and reserved (dashed) after each optimizer step"
+  [timeline]="Bytes in use over the window that peaked: forward, then backward, then the step"
+  [batch]="Training peak against batch size: the slope is the activations per image, the intercept what does not scale with the batch"
+)
+
+# compare NAME [--charts a,b] ARGS...: `trainer compare ARGS --out target/book-figures/NAME`,
+# its table and its charts (default memory,terms: measured vs predicted, the prediction
+# stacked by term), each stamped with when and where it was measured.
 compare() {
-  local name=$1
+  local name=$1 charts=memory,terms chart figure_stamp=$stamp
   shift
+  if [[ "${1:-}" == --charts ]]; then
+    charts=$2
+    shift 2
+  fi
   wanted "$name" || return 0
-  trainer compare "$@" --out "$work/$name" >/dev/null
-  cp "$work/$name/memory.svg" "$figures/$name.svg"
-  cp "$work/$name/terms.svg" "$figures/$name-terms.svg"
+  [[ " $* " != *" --backend wgpu "* ]] || figure_stamp=$stamp_wgpu
+  trainer compare "$@" --note "$figure_stamp" --out "$work/$name" >/dev/null
   {
     echo '```sh'
     echo "trainer compare $* --out $work/$name"
     echo '```'
     echo
     tail -n +3 "$work/$name/report.md"
+    for chart in ${charts//,/ }; do
+      # memory.svg keeps the figure's own name; the others get theirs as a suffix.
+      figure=$name-$chart.svg
+      [[ $chart != memory ]] || figure=$name.svg
+      cp "$work/$name/$chart.svg" "$figures/$figure"
+      echo
+      echo "![${captions[$chart]}](figures/$figure)"
+    done
     echo
-    echo "![Peak memory per config, measured and predicted](figures/$name.svg)"
-    echo
-    echo "![The predicted peak by term (parameters, gradients, optimizer state, activations, data set in host memory) and the measured training peak](figures/$name-terms.svg)"
-    echo
-    echo "*$stamp*"
+    echo "*$figure_stamp*"
   } >"$work/$name.md"
   fill "$name" "$work/$name.md"
 }
@@ -141,8 +161,8 @@ compare() {
 # 1. Why training runs out of memory
 output estimate-simple trainer estimate --config configs/f32.toml
 output estimate-mobilenet trainer estimate --config configs/mobilenet.toml
-compare batch-sizes configs/f32.toml configs/mobilenet.toml --backend cpu --steps 2 \
-  --sweep train.batch_size=16,32,64,128,256 --set data.train_size=1024 --set data.eval_size=64
+compare batch-sizes --charts batch,terms configs/f32.toml configs/mobilenet.toml --backend cpu \
+  --steps 2 --sweep train.batch_size=16,32,64,128,256 --set data.train_size=1024 --set data.eval_size=64
 
 # 2. Fix 1: smaller batch and gradient accumulation
 config-diff accum-diff configs/f32.toml configs/accum.toml
@@ -208,11 +228,65 @@ fi
 # 4. Fix 3: a smaller model
 compare width configs/mobilenet.toml --backend cpu --steps 2 \
   --sweep model.width_multiplier=1.0,0.5,0.25 --set data.train_size=512 --set data.eval_size=64
+# What the smaller model gives up: the same 200 steps of 32 images for each width (fused
+# blocks: the same function, faster on the CPU).
+compare width-accuracy --charts '' configs/mobilenet-fused.toml --backend cpu --steps 200 \
+  --sweep model.width_multiplier=1.0,0.5,0.25 --set train.batch_size=32 --set data.eval_size=1024
+# When the model is what fills the memory: a wide MobileNet at batch 1.
+compare model-too-big --charts terms configs/mobilenet.toml --backend cpu --steps 2 \
+  --set model.width_multiplier=2.0 --set train.batch_size=1 --set data.train_size=64 \
+  --set data.eval_size=16 --sweep train.optimizer=sgd,adam
 
 # 5. Fix 4: freeing cached memory
 compare free-cache configs/amp.toml configs/amp-free-cache.toml --backend cpu --steps 40
+# A real pool: wgpu (llvmpipe on a machine without a GPU).
+compare free-cache-wgpu --charts steps configs/amp.toml configs/amp-free-cache.toml \
+  --backend wgpu --steps 12 --set train.batch_size=32 --set data.train_size=384 \
+  --set data.eval_size=32
 
-# 6. Beyond the article
+# 6. The other causes: autograd in evaluation, leaks, autotune
+compare eval-autograd --charts '' configs/f32.toml --backend cpu --steps 10 \
+  --set data.train_size=1280 --set data.eval_size=1024 --sweep mistakes.eval_with_autograd=false,true
+compare keep-losses --charts steps configs/f32.toml --backend cpu --steps 100 \
+  --set train.batch_size=16 --set data.train_size=2048 --set data.eval_size=64 \
+  --sweep mistakes.keep_losses=false,true
+if wanted autotune; then
+  # The search's cost: a run that searches every shape afresh (at two levels), and one whose
+  # shared cache a run before it filled.
+  at=(--config configs/f32.toml --backend wgpu --max-steps 4 --set train.batch_size=32
+    --set data.train_size=256 --set data.eval_size=32)
+  trainer "${at[@]}" --set train.output_dir="$work/autotune-prime" --overwrite >/dev/null
+  runs=("autotune=minimal autotune_cache=fresh" "autotune=full autotune_cache=fresh"
+    "autotune_cache=shared")
+  for i in 0 1 2; do
+    sets=()
+    for kv in ${runs[$i]}; do sets+=(--set "backend.$kv"); done
+    trainer "${at[@]}" "${sets[@]}" --set train.output_dir="$work/autotune-$i" --overwrite \
+      >"$work/autotune-$i.table"
+  done
+  {
+    echo '```sh'
+    echo "trainer ${at[*]} --set backend.autotune_cache=shared   # fills the shared cache"
+    for i in 0 1 2; do
+      echo -n "trainer ${at[*]}"
+      for kv in ${runs[$i]}; do echo -n " --set backend.$kv"; done
+      echo
+    done
+    echo '```'
+    echo
+    echo '```text'
+    for i in 0 1 2; do
+      grep -E '^  (autotune|warm-up|images/s|peak reserved|training peak) ' "$work/autotune-$i.table"
+      [[ $i == 2 ]] || echo
+    done
+    echo '```'
+    echo
+    echo "*$stamp_wgpu*"
+  } >"$work/autotune.md"
+  fill autotune "$work/autotune.md"
+fi
+
+# 7. Beyond the article
 compare checkpointing configs/mobilenet.toml configs/mobilenet-checkpointing.toml \
   --backend cpu --steps 20
 compare fused configs/f32.toml configs/amp.toml --backend cpu --steps 3 \
@@ -224,8 +298,12 @@ output find-batch-size trainer find-batch-size --config configs/mobilenet.toml -
 output oom-diagnosis trainer --config configs/mobilenet.toml --backend cpu \
   --set memory.budget=100MiB
 
-# 7. Results: every shipped config, the f32 reference first so "vs first" is against it.
+# 8. Results: every shipped config, the f32 reference first so "vs first" is against it.
 compare results configs/f32.toml $(ls configs/*.toml | grep -v '^configs/f32.toml$') \
   --backend cpu --steps 20
+# Where in the step each fix acts: the peak window, forward then backward.
+compare timeline --charts timeline,terms configs/mobilenet.toml configs/mobilenet-amp.toml \
+  configs/mobilenet-checkpointing.toml configs/mobilenet-fused.toml --backend cpu --steps 2 \
+  --set data.train_size=256 --set data.eval_size=32
 
 exit $drift
