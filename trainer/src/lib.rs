@@ -29,6 +29,8 @@
 //! | fused blocks | `memory.fuse` | `burn_models::conv_bn_relu`, `burn_models::conv_relu_pool` (custom autodiff ops) |
 //! | knowing before you run | `memory.budget` | `memory/estimate.rs`, `memory/diagnosis.rs` (fixes ranked) |
 //! | surviving an OOM | — | `memory/catch.rs` (the panic becomes the diagnosis, exit 3) |
+//! | the mistakes (teaching) | `mistakes.eval_with_autograd`, `mistakes.keep_losses` | `training/mistakes.rs`, `training/eval.rs`; the probe's evaluation peak (`memory/probe.rs`), per-step memory in `steps.csv` |
+//! | autotune (`cudnn.benchmark`) | `backend.autotune`, `backend.autotune_cache` | `backend/mod.rs` (`configure_cubecl`) |
 //! | the largest batch that fits | — | `commands/find_batch_size.rs` |
 //! | measuring it | — | `memory/probe.rs` + `memory/heap.rs` (exact CPU heap) or `memory/cube.rs` (CubeCL pool, CUDA or wgpu), `burn-models` `boundary.rs` (a sample at every layer boundary, forward and backward), `report/timeline.rs`, `commands/compare/` |
 

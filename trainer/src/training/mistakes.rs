@@ -27,11 +27,4 @@ impl<B: Backend> KeptLosses<B> {
             });
         }
     }
-
-    /// The sum's value (0 when nothing was kept).
-    pub fn value(&self) -> f64 {
-        self.total
-            .clone()
-            .map_or(0.0, |t| t.into_scalar().elem::<f64>())
-    }
 }
