@@ -11,6 +11,25 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use plotters::coord::CoordTranslate;
+use plotters::prelude::*;
+
+/// Draws the chart's legend at `position`, in the framed white box every chart here uses.
+pub fn legend<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>>
+where
+    DB: DrawingBackend + 'a,
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .position(position)
+        .draw()
+}
 
 /// `path` with `suffix` appended to its last component: `runs/amp` → `runs/amp-2`,
 /// `checkpoint` → `checkpoint.partial`.

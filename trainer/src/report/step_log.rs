@@ -191,13 +191,7 @@ impl StepLog {
             .map_err(draw)?
             .label("step skipped (inf/NaN gradient)")
             .legend(|(x, y)| Circle::new((x + 8, y), 4, RED.filled()));
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::LowerRight)
-            .draw()
-            .map_err(draw)?;
+        crate::report::legend(&mut chart, SeriesLabelPosition::LowerRight).map_err(draw)?;
         root.present().map_err(draw)?;
         Ok(())
     }

@@ -107,12 +107,7 @@ fn chart(samples: &[Sample]) -> Result<String, Box<dyn std::error::Error>> {
             )))?
             .label("peak sample")
             .legend(|(x, y)| Circle::new((x + 8, y), 4, RED.filled()));
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()?;
+        crate::report::legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         root.present()?;
     }
     Ok(svg)

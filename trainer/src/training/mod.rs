@@ -168,8 +168,8 @@ where
             record.start(&stepper);
             let load = |idx: &[usize]| batcher.batch::<B>(&splits.train, idx, &device);
             let scale = stepper.scaler.scale();
-            let (b, kept) = (t.batch_size, &mut kept);
-            let w = window_gradients(&model, window, b, &policy, scale, probe, kept, load);
+            let b = t.batch_size;
+            let w = window_gradients(&model, window, b, &policy, scale, probe, &mut kept, load);
             let before = record.before_step(&model);
             let outcome;
             (model, outcome) = stepper.apply(model, w.grads);

@@ -103,6 +103,15 @@ pub fn losses(dir: &Path) -> Vec<f64> {
         .collect()
 }
 
+/// Bytes in use and reserved after each window, from steps.csv, read by the trainer's own
+/// parser (a figure the probe did not measure is `None`).
+pub fn step_memory(dir: &Path) -> Vec<(Option<u64>, Option<u64>)> {
+    let csv = std::fs::read_to_string(dir.join("steps.csv")).unwrap();
+    trainer::report::step_log::StepLog::parse(&csv)
+        .memory()
+        .collect()
+}
+
 /// Largest relative difference between two loss curves of the same length.
 pub fn curve_gap(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");

@@ -1,6 +1,6 @@
 //! `[mistakes]`: the two memory mistakes made on purpose, measured on the CPU heap.
 
-use super::common::{arg, run, stderr, temp, train};
+use super::common::{arg, run, stderr, step_memory, temp, train};
 
 const SMALL: [&str; 8] = [
     "--config",
@@ -75,13 +75,11 @@ fn keeping_the_loss_tensors_grows_memory_every_step() {
             &format!("train.output_dir={}", arg(&dir)),
         ]);
         assert!(out.status.success(), "{}", stderr(&out));
-        let csv = std::fs::read_to_string(dir.join("steps.csv")).unwrap();
-        let in_use: Vec<f64> = csv
-            .lines()
-            .skip(1)
-            .map(|l| l.split(',').nth(6).unwrap().parse().unwrap())
+        let in_use: Vec<f64> = step_memory(&dir)
+            .into_iter()
+            .map(|(u, _)| u.expect("bytes in use") as f64)
             .collect();
-        assert_eq!(in_use.len(), 30, "{csv}");
+        assert_eq!(in_use.len(), 30, "{in_use:?}");
         (in_use[29] - in_use[0]) / 29.0
     };
     let (kept, dropped) = (slope(true), slope(false));

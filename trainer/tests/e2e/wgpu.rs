@@ -6,7 +6,9 @@
 
 use std::path::Path;
 
-use super::common::{arg, curve_gap, losses, run_env, stderr, summary, table_value, temp};
+use super::common::{
+    arg, curve_gap, losses, run_env, stderr, step_memory, summary, table_value, temp,
+};
 
 /// Minimal autotune: fewer kernels to time on a CPU-speed device (the docs say what it costs).
 const ENV: [(&str, &str); 1] = [("CUBECL_AUTOTUNE_LEVEL", "minimal")];
@@ -181,13 +183,9 @@ fn free_cache_lowers_reserved_memory_not_the_peak_on_wgpu() {
     // steps.csv has both figures after every step: the pool never holds less than is in use,
     // and after each step `step` holds less than `never` does.
     let per_step = |dir: &Path| -> Vec<(u64, u64)> {
-        let csv = std::fs::read_to_string(dir.join("steps.csv")).unwrap();
-        csv.lines()
-            .skip(1)
-            .map(|l| {
-                let f: Vec<&str> = l.split(',').collect();
-                (f[6].parse().unwrap(), f[7].parse().unwrap())
-            })
+        step_memory(dir)
+            .into_iter()
+            .map(|(u, r)| (u.expect("bytes in use"), r.expect("bytes reserved")))
             .collect()
     };
     let (n, s) = (per_step(&never_dir), per_step(&step_dir));

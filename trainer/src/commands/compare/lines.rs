@@ -64,12 +64,7 @@ fn svg(
             .y_desc(y_desc)
             .draw()?;
         body(&mut chart)?;
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()?;
+        crate::report::legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         root.present()?;
         Ok(())
     })();

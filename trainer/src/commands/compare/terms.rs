@@ -83,13 +83,7 @@ pub fn chart(rows: &[Row], note: Option<&str>) -> anyhow::Result<String> {
         .map_err(draw)?
         .label("measured training peak")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 12, y)], BLACK.stroke_width(3)));
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(draw)?;
+    crate::report::legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(draw)?;
     root.present().map_err(draw)?;
     // The backend writes into `svg` until every area over it is gone.
     drop((chart, plot, root));
