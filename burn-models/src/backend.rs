@@ -206,6 +206,29 @@ pub trait ModelBackend: Backend {
         None
     }
 
+    /// The forward of [`conv_relu_pool`](Self::conv_relu_pool) for the whole batch at once:
+    /// the output and each window's winner as `row · k + col` (u8), with `weight` and `bias`
+    /// in `x`'s dtype. `None` (the default) has the block run the backend's conv a slice of
+    /// images at a time; the CPU backend runs it an image per thread, keeping one image's
+    /// conv output per thread.
+    fn conv_relu_pool_forward(
+        _x: &FloatTensor<Self>,
+        _weight: &FloatTensor<Self>,
+        _bias: &FloatTensor<Self>,
+        _options: &ConvOptions<2>,
+        _k: usize,
+    ) -> Option<(FloatTensor<Self>, IntTensor<Self>)> {
+        None
+    }
+
+    /// `relu(maxpool_k(z))` (stride `k`, no padding) and each window's winner as `row · k +
+    /// col` (u8): the forward of [`conv_relu_pool`](Self::conv_relu_pool) after its conv. The
+    /// CPU backend does it in one pass; the default is the backend's max-pool with indices,
+    /// its ReLU and int ops on the indices.
+    fn relu_max_pool(z: FloatTensor<Self>, k: usize) -> (FloatTensor<Self>, IntTensor<Self>) {
+        conv_relu_pool::relu_max_pool_plain::<Self>(z, k)
+    }
+
     /// `x` unchanged. Under autodiff, the [boundary listener](crate::boundary::listen) hears
     /// the forward pass cross `at` and, later, the backward pass; a plain backend (inference)
     /// has no backward to pair with and reports nothing.
@@ -357,6 +380,23 @@ impl ModelBackend for burn::backend::Flex {
         k: usize,
     ) -> Option<[FloatTensor<Self>; 2]> {
         flex::conv_relu_pool_param_grads(x, out, dout, positions, kernel, options, k)
+    }
+
+    fn conv_relu_pool_forward(
+        x: &FloatTensor<Self>,
+        weight: &FloatTensor<Self>,
+        bias: &FloatTensor<Self>,
+        options: &ConvOptions<2>,
+        k: usize,
+    ) -> Option<(FloatTensor<Self>, IntTensor<Self>)> {
+        flex::conv_relu_pool_forward(x, weight, bias, options, k)
+    }
+
+    fn relu_max_pool(z: FloatTensor<Self>, k: usize) -> (FloatTensor<Self>, IntTensor<Self>) {
+        match flex::relu_max_pool(&z, k) {
+            Some(pooled) => pooled,
+            None => conv_relu_pool::relu_max_pool_plain::<Self>(z, k),
+        }
     }
 }
 impl ModelBackend for burn::backend::Cuda {}

@@ -45,6 +45,18 @@ pub(crate) fn conv_relu_pool_plain<B: ModelBackend>(
     B::max_pool2d(z, [k, k], [k, k], [0, 0], [1, 1], false)
 }
 
+/// `relu(maxpool_k(z))` (stride `k`, no padding) and, per output, the winner's place in its
+/// window as a `u8`: the backend's max-pool with indices, then the indices turned into places.
+pub(crate) fn relu_max_pool_plain<B: Backend>(
+    z: FloatTensor<B>,
+    k: usize,
+) -> (FloatTensor<B>, IntTensor<B>) {
+    let [_, _, _, width] = z.shape().dims();
+    let MaxPool2dWithIndices { output, indices } =
+        B::max_pool2d_with_indices(z, [k, k], [k, k], [0, 0], [1, 1], false);
+    (B::relu(output), window_positions::<B>(indices, width, k))
+}
+
 /// Per output, the winner's place in its k×k window, `row · k + col`, as a `u8`.
 fn window_positions<B: Backend>(indices: IntTensor<B>, width: usize, k: usize) -> IntTensor<B> {
     // The backend's argmax is a flat index into the input plane: row · width + col. Windows
@@ -190,6 +202,9 @@ fn forward_sliced<B: ModelBackend>(
     let [c_out, _, _, _] = weight.shape().dims();
     let weight = &cast_prim::<B>(weight.clone(), x.dtype());
     let bias = &cast_prim::<B>(bias.clone(), x.dtype());
+    if let Some(whole) = B::conv_relu_pool_forward(x, weight, bias, options, k) {
+        return whole;
+    }
     // Each slice is written into one output allocated at the first slice: collecting the
     // slices and concatenating them would hold the pooled output twice at the end.
     let (mut all_out, mut all_pos) = (None, None);
@@ -201,11 +216,9 @@ fn forward_sliced<B: ModelBackend>(
             Some(bias.clone()),
             options.clone(),
         );
-        let [_, _, _, width] = z.shape().dims();
-        let MaxPool2dWithIndices { output, indices } =
-            B::max_pool2d_with_indices(z, [k, k], [k, k], [0, 0], [1, 1], false);
-        let out = float::<B, 4>(B::relu(output));
-        let pos = Tensor::<B, 4, Int>::from_primitive(window_positions::<B>(indices, width, k));
+        let (out, pos) = B::relu_max_pool(z, k);
+        let out = float::<B, 4>(out);
+        let pos = Tensor::<B, 4, Int>::from_primitive(pos);
         all_out = Some(assign(all_out, n, start, out));
         all_pos = Some(assign_int(all_pos, n, start, pos));
     }

@@ -10,16 +10,20 @@ use rayon::prelude::*;
 
 mod bn_relu;
 mod conv;
+mod conv_pool;
 mod linear_grad;
 mod pool_grad;
+mod relu_pool;
 mod values;
 pub(crate) use bn_relu::bn_relu_backward;
 pub(crate) use conv::{
     depthwise_conv, depthwise_weight_backward, depthwise_x_backward, pointwise_weight_backward,
     pointwise_x_backward,
 };
+pub(crate) use conv_pool::conv_relu_pool_forward;
 pub(crate) use linear_grad::linear_input_grad_bf16;
 pub(crate) use pool_grad::conv_relu_pool_param_grads;
+pub(crate) use relu_pool::relu_max_pool;
 
 /// `whole` with rows `start..start + len` (first axis) replaced by `part`, written in place.
 ///

@@ -17,8 +17,10 @@
 
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::ops::ConvOptions;
-use burn::tensor::{bf16, f16, Bytes, DType, Shape};
+use burn::tensor::{Bytes, DType, Shape};
 use rayon::prelude::*;
+
+use super::values::{supported, widen_into};
 
 /// `[dw, db]` (f32, `kernel`'s shape and `[c_out]`) of the block `relu(maxpool_k(conv(x) +
 /// b))` whose output `out` got the gradient `dout`, with `positions` the winners' places in
@@ -83,12 +85,10 @@ pub(crate) fn conv_relu_pool_param_grads(
         positions.to_contiguous(),
     );
     let pos = &positions.storage::<u8>()[positions.layout().start_offset()..];
-    let (dw, db) = match x.dtype() {
-        DType::F32 => grads(&sizes, [&x, &out, &dout], pos, |v: f32| v),
-        DType::F16 => grads(&sizes, [&x, &out, &dout], pos, f16::to_f32),
-        DType::BF16 => grads(&sizes, [&x, &out, &dout], pos, bf16::to_f32),
-        _ => return None,
-    };
+    if !supported(&x) {
+        return None;
+    }
+    let (dw, db) = grads(&sizes, [&x, &out, &dout], pos);
     let tensor = |values: Vec<f32>, dims: Vec<usize>| {
         FlexTensor::new(
             Bytes::from_elems(values),
@@ -115,60 +115,93 @@ struct Sizes {
     k: usize,
 }
 
-/// The gradients for element type `T`, one output channel per rayon task (each owns its row
-/// of `dw` and its `db`, so no two tasks write the same sum).
-fn grads<T: bytemuck::Pod + burn::tensor::Element + Sync>(
-    s: &Sizes,
-    [x, out, dout]: [&FlexTensor; 3],
-    pos: &[u8],
-    widen: fn(T) -> f32,
-) -> (Vec<f32>, Vec<f32>) {
-    fn view<T: bytemuck::Pod + burn::tensor::Element>(t: &FlexTensor) -> &[T] {
-        &t.storage::<T>()[t.layout().start_offset()..]
-    }
-    let (xs, outs, douts) = (view::<T>(x), view::<T>(out), view::<T>(dout));
+/// Images per partial sum. Fixed (not the thread count), so the order of every sum, and the
+/// gradient to the bit, does not depend on the machine.
+const IMAGES_PER_SUM: usize = 8;
+
+/// The gradients, in f32: each rayon task sums a run of [`IMAGES_PER_SUM`] images into its
+/// own `dw` and `db`, and the partial sums are added in order. Half-precision tensors are
+/// widened an image at a time (F16C, eight values at once, where the CPU has it).
+///
+/// Per image, the input's k_h×k_w patches at every place of the pooled area are laid out
+/// once, a patch's `c_in · k_h · k_w` values in a row (zero where it reaches into the
+/// padding), so that each surviving window adds one contiguous row, times its gradient, into
+/// its channel's row of `dw`: a loop the compiler vectorises, with no bounds test per tap.
+fn grads(s: &Sizes, [x, out, dout]: [&FlexTensor; 3], pos: &[u8]) -> (Vec<f32>, Vec<f32>) {
     let (plane, pooled) = (s.h * s.w, s.ho * s.wo);
     let per_weight = s.c_in * s.kh * s.kw;
-    let mut dw = vec![0f32; s.c_out * per_weight];
-    let mut db = vec![0f32; s.c_out];
-    dw.par_chunks_mut(per_weight)
-        .zip(db.par_iter_mut())
-        .enumerate()
-        .for_each(|(c, (dwc, dbc))| {
-            for img in 0..s.n {
-                let image = &xs[img * s.c_in * plane..][..s.c_in * plane];
-                let at = (img * s.c_out + c) * pooled;
-                for q in 0..pooled {
+    // The pooled area's places: rows ho·k, columns wo·k (inside the conv output, checked).
+    let (rows, cols) = (s.ho * s.k, s.wo * s.k);
+    let partial = |first: usize| {
+        let mut dw = vec![0f32; s.c_out * per_weight];
+        let mut db = vec![0f32; s.c_out];
+        let mut image = vec![0f32; s.c_in * plane];
+        let (mut outs, mut douts) = (vec![0f32; s.c_out * pooled], vec![0f32; s.c_out * pooled]);
+        let mut patches = vec![0f32; rows * cols * per_weight];
+        for img in first..(first + IMAGES_PER_SUM).min(s.n) {
+            widen_into(x, img * s.c_in * plane, &mut image);
+            widen_into(out, img * s.c_out * pooled, &mut outs);
+            widen_into(dout, img * s.c_out * pooled, &mut douts);
+            lay_out_patches(s, &image, &mut patches);
+            let planes = outs.chunks_exact(pooled).zip(douts.chunks_exact(pooled));
+            let sums = dw.chunks_exact_mut(per_weight).zip(&mut db);
+            for (c, ((outc, doutc), (dwc, dbc))) in planes.zip(sums).enumerate() {
+                let winners = &pos[(img * s.c_out + c) * pooled..][..pooled];
+                for (q, ((&o, &g), &p)) in outc.iter().zip(doutc).zip(winners).enumerate() {
                     // The ReLU's mask: a window whose maximum is not positive gets nothing.
-                    if widen(outs[at + q]) <= 0.0 {
-                        continue;
-                    }
-                    let g = widen(douts[at + q]);
-                    if g == 0.0 {
+                    if o <= 0.0 || g == 0.0 {
                         continue;
                     }
                     *dbc += g;
-                    let p = usize::from(pos[at + q]);
+                    let p = usize::from(p);
                     let y = (q / s.wo) * s.k + p / s.k;
                     let x0 = (q % s.wo) * s.k + p % s.k;
-                    for ci in 0..s.c_in {
-                        let channel = &image[ci * plane..][..plane];
-                        for ky in 0..s.kh {
-                            // Input row y + ky − pad; outside the image is the zero padding.
-                            let Some(row) = (y + ky).checked_sub(s.ph).filter(|&r| r < s.h) else {
-                                continue;
-                            };
-                            let taps = &mut dwc[(ci * s.kh + ky) * s.kw..][..s.kw];
-                            for (kx, tap) in taps.iter_mut().enumerate() {
-                                if let Some(col) = (x0 + kx).checked_sub(s.pw).filter(|&c| c < s.w)
-                                {
-                                    *tap += g * widen(channel[row * s.w + col]);
-                                }
-                            }
-                        }
-                    }
+                    let patch = &patches[(y * cols + x0) * per_weight..][..per_weight];
+                    dwc.iter_mut().zip(patch).for_each(|(d, &v)| *d += g * v);
                 }
             }
-        });
+        }
+        (dw, db)
+    };
+    let partials: Vec<(Vec<f32>, Vec<f32>)> = (0..s.n)
+        .into_par_iter()
+        .step_by(IMAGES_PER_SUM)
+        .map(partial)
+        .collect();
+    let mut sums = partials.into_iter();
+    let (mut dw, mut db) = sums
+        .next()
+        .unwrap_or_else(|| (vec![0f32; s.c_out * per_weight], vec![0f32; s.c_out]));
+    for (pdw, pdb) in sums {
+        dw.iter_mut().zip(&pdw).for_each(|(a, b)| *a += b);
+        db.iter_mut().zip(&pdb).for_each(|(a, b)| *a += b);
+    }
     (dw, db)
+}
+
+/// Every place `(y, x)` of the pooled area's patch, `image[ci, y + ky − pad, x + kx − pad]` in
+/// `(ci, ky, kx)` order (the weight's), zero outside the image, into `patches` row by row.
+fn lay_out_patches(s: &Sizes, image: &[f32], patches: &mut [f32]) {
+    let per_weight = s.c_in * s.kh * s.kw;
+    let cols = s.wo * s.k;
+    for (place, patch) in patches.chunks_exact_mut(per_weight).enumerate() {
+        let (y, x) = (place / cols, place % cols);
+        for ci in 0..s.c_in {
+            let channel = &image[ci * s.h * s.w..][..s.h * s.w];
+            for ky in 0..s.kh {
+                let taps = &mut patch[(ci * s.kh + ky) * s.kw..][..s.kw];
+                // Input row y + ky − pad; outside the image is the zero padding.
+                let Some(row) = (y + ky).checked_sub(s.ph).filter(|&r| r < s.h) else {
+                    taps.fill(0.0);
+                    continue;
+                };
+                for (kx, tap) in taps.iter_mut().enumerate() {
+                    *tap = match (x + kx).checked_sub(s.pw).filter(|&c| c < s.w) {
+                        Some(col) => channel[row * s.w + col],
+                        None => 0.0,
+                    };
+                }
+            }
+        }
+    }
 }

@@ -1,0 +1,322 @@
+//! The forward pass of SimpleModel's [fused block](crate::conv_relu_pool) on the CPU: conv with
+//! bias, then ReLU of a k×k max-pool with each window's winner, an image per rayon task.
+//!
+//! ```text
+//! per image:  for each tile of 512 output places:  cols = the places' input patches
+//!                                                   z[:, tile] = W · colsᵀ          (gemm)
+//!             z += bias;   (out, winners) = relu(maxpool_k(z))
+//! ```
+//! Flex runs this conv through its generic im2col path, whose patch gathering tests every tap
+//! against the padding as a signed 3-D index, and allocates the conv output, the patch tiles
+//! and the gemm results for the whole slice. Here the patches are gathered row by row and the
+//! conv output of one image lives in the task's scratch until it is pooled. The arithmetic is
+//! Flex's im2col path's: the same tap order (ky, kx, channel), the same gemm calls on tiles of
+//! 512 places, the bias added after, rounded as Flex rounds each dtype (f16: gemm's f32 sum
+//! rounded, then the bias added and rounded; bf16: computed in f32 and rounded once) — so for
+//! the shapes Flex sends through that path (more than 16 output channels) the output equals
+//! Flex's bit for bit. Half precision is widened an image at a time and computed in f32.
+
+use burn::backend::flex::{FlexTensor, Layout};
+use burn::tensor::ops::ConvOptions;
+use burn::tensor::{bf16, f16, Bytes, DType, Shape};
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+use super::relu_pool::pool_plane;
+use super::values::{supported, values, widen_into};
+
+/// Output places per gemm call: Flex's tile size, so that gemm sums each place the same way.
+const TILE: usize = 512;
+
+/// `(relu(maxpool_k(conv(x, weight) + bias)), winners)` for `x [n, c_in, h, w]` and `weight
+/// [c_out, c_in, kh, kw]`, `bias [c_out]` in `x`'s dtype (f32, f16 or bf16): the output `[n, c_out,
+/// ho, wo]` in that dtype and the winners' places (`row · k + col`) as u8. `None` for other
+/// dtypes, strides, dilations or groups, or shapes that do not match: the caller takes
+/// Flex's conv.
+pub(crate) fn conv_relu_pool_forward(
+    x: &FlexTensor,
+    weight: &FlexTensor,
+    bias: &FlexTensor,
+    options: &ConvOptions<2>,
+    k: usize,
+) -> Option<(FlexTensor, FlexTensor)> {
+    let g = Geometry::of(x, weight, bias, options, k)?;
+    if !supported(x) {
+        return None;
+    }
+    let (x, weight, bias) = (
+        x.to_contiguous(),
+        weight.to_contiguous(),
+        bias.to_contiguous(),
+    );
+    Some(forward(&g, [&x, &weight, &bias]))
+}
+
+/// The sizes the kernel walks: `n` images of `c_in × h × w`, a `c_out × c_in × kh × kw`
+/// weight with padding `ph, pw`, its `ch × cw` output pooled in `k × k` windows.
+struct Geometry {
+    n: usize,
+    c_in: usize,
+    h: usize,
+    w: usize,
+    c_out: usize,
+    kh: usize,
+    kw: usize,
+    ph: usize,
+    pw: usize,
+    ch: usize,
+    cw: usize,
+    k: usize,
+}
+
+impl Geometry {
+    fn of(
+        x: &FlexTensor,
+        weight: &FlexTensor,
+        bias: &FlexTensor,
+        o: &ConvOptions<2>,
+        k: usize,
+    ) -> Option<Self> {
+        let (xd, wd) = (x.layout().shape(), weight.layout().shape());
+        let ok = xd.len() == 4
+            && wd.len() == 4
+            && bias.layout().shape().to_vec() == [wd[0]]
+            && wd[1] == xd[1]
+            && weight.dtype() == x.dtype()
+            && bias.dtype() == x.dtype()
+            && o.stride == [1, 1]
+            && o.dilation == [1, 1]
+            && o.groups == 1
+            && k > 0
+            && k * k <= 256;
+        if !ok {
+            return None;
+        }
+        let [ph, pw] = o.padding;
+        let side = |size: usize, pad: usize, taps: usize| {
+            size.checked_add(pad.checked_mul(2)?)?
+                .checked_sub(taps)?
+                .checked_add(1)
+        };
+        Some(Self {
+            n: xd[0],
+            c_in: xd[1],
+            h: xd[2],
+            w: xd[3],
+            c_out: wd[0],
+            kh: wd[2],
+            kw: wd[3],
+            ph,
+            pw,
+            ch: side(xd[2], ph, wd[2])?,
+            cw: side(xd[3], pw, wd[3])?,
+            k,
+        })
+    }
+
+    /// Values in one patch: the gemm's inner size.
+    fn taps(&self) -> usize {
+        self.kh * self.kw * self.c_in
+    }
+
+    /// Gathers the input patches of output places `first..first + rows.len() / taps` of one
+    /// image (`c_in` planes of `h × w`) into `rows`, a place's taps in (ky, kx, channel)
+    /// order, zero in the padding.
+    fn patches(&self, image: &[f32], first: usize, rows: &mut [f32]) {
+        let plane = self.h * self.w;
+        for (i, row) in rows.chunks_exact_mut(self.taps()).enumerate() {
+            let (oy, ox) = ((first + i) / self.cw, (first + i) % self.cw);
+            for ky in 0..self.kh {
+                let taps = &mut row[ky * self.kw * self.c_in..][..self.kw * self.c_in];
+                // Input row oy + ky − pad; outside the image is the zero padding.
+                let Some(iy) = (oy + ky).checked_sub(self.ph).filter(|&r| r < self.h) else {
+                    taps.fill(0.0);
+                    continue;
+                };
+                for (kx, channels) in taps.chunks_exact_mut(self.c_in).enumerate() {
+                    match (ox + kx).checked_sub(self.pw).filter(|&c| c < self.w) {
+                        Some(ix) => {
+                            let at = iy * self.w + ix;
+                            for (ci, t) in channels.iter_mut().enumerate() {
+                                *t = image[ci * plane + at];
+                            }
+                        }
+                        None => channels.fill(0.0),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The block in f32, rounded to `x`'s dtype where Flex's conv rounds.
+fn forward(g: &Geometry, [x, weight, bias]: [&FlexTensor; 3]) -> (FlexTensor, FlexTensor) {
+    let (taps, plane, conv) = (g.taps(), g.h * g.w, g.ch * g.cw);
+    let (ho, wo) = (g.ch / g.k, g.cw / g.k);
+    let pooled = ho * wo;
+    // The weight as gemm's left operand `[c_out, taps]`, taps in (ky, kx, channel) order.
+    let w = values(weight, 0, g.c_out * taps);
+    let mut w_rows = vec![0f32; g.c_out * taps];
+    for (co, row) in w_rows.chunks_exact_mut(taps).enumerate() {
+        for ci in 0..g.c_in {
+            for t in 0..g.kh * g.kw {
+                row[t * g.c_in + ci] = w[(co * g.c_in + ci) * g.kh * g.kw + t];
+            }
+        }
+    }
+    let b = values(bias, 0, g.c_out);
+    let dtype = x.dtype();
+    // One image: its output planes in f32 into `out32`, its winners into `pos`.
+    let image = |img: usize, scratch: &mut Scratch, pos: &mut [u8]| {
+        let Scratch {
+            image,
+            cols,
+            z,
+            round,
+            out32,
+        } = scratch;
+        widen_into(x, img * g.c_in * plane, image);
+        for first in (0..conv).step_by(TILE) {
+            let len = TILE.min(conv - first);
+            let rows = &mut cols[..len * taps];
+            g.patches(image, first, rows);
+            gemm_tile([g.c_out, len, taps], &w_rows, rows, &mut z[first..], conv);
+        }
+        let planes = z.chunks_exact_mut(conv).zip(out32.chunks_exact_mut(pooled));
+        for (c, ((zc, o), p)) in planes.zip(pos.chunks_exact_mut(pooled)).enumerate() {
+            // Flex's rounding: f16 rounds gemm's sum, then the sum plus the bias; bf16
+            // (computed in f32) the sum plus the bias once.
+            if dtype == DType::F16 {
+                round.through(zc, dtype);
+            }
+            zc.iter_mut().for_each(|v| *v += b[c]);
+            round.through(zc, dtype);
+            pool_plane(zc, [g.ch, g.cw, g.k], o, p, |v| v, 0.0);
+        }
+    };
+    let scratch = || Scratch {
+        image: vec![0f32; g.c_in * plane],
+        cols: vec![0f32; TILE.min(conv) * taps],
+        z: vec![0f32; g.c_out * conv],
+        round: Round::default(),
+        out32: vec![0f32; g.c_out * pooled],
+    };
+    let per_image = g.c_out * pooled;
+    let mut pos = vec![0u8; g.n * per_image];
+    // Each image's output in `T`, narrowed from its f32 planes (exact: they hold `T` values).
+    fn run<T: Send>(
+        out: &mut [T],
+        pos: &mut [u8],
+        per_image: usize,
+        scratch: impl Fn() -> Scratch + Sync + Send,
+        image: impl Fn(usize, &mut Scratch, &mut [u8]) + Sync + Send,
+        narrow: impl Fn(&[f32], &mut [T]) + Sync + Send,
+    ) {
+        out.par_chunks_mut(per_image.max(1))
+            .zip(pos.par_chunks_mut(per_image.max(1)))
+            .enumerate()
+            .for_each_init(scratch, |s, (img, (out, pos))| {
+                image(img, s, pos);
+                narrow(&s.out32, out);
+            });
+    }
+    let total = g.n * per_image;
+    let bytes = match dtype {
+        DType::F16 => {
+            let mut out = vec![f16::ZERO; total];
+            run(&mut out, &mut pos, per_image, scratch, image, |s, d| {
+                d.convert_from_f32_slice(s)
+            });
+            Bytes::from_elems(out)
+        }
+        DType::BF16 => {
+            let mut out = vec![bf16::ZERO; total];
+            run(&mut out, &mut pos, per_image, scratch, image, |s, d| {
+                d.convert_from_f32_slice(s)
+            });
+            Bytes::from_elems(out)
+        }
+        _ => {
+            let mut out = vec![0f32; total];
+            run(&mut out, &mut pos, per_image, scratch, image, |s, d| {
+                d.copy_from_slice(s)
+            });
+            Bytes::from_elems(out)
+        }
+    };
+    let layout = || Layout::contiguous(Shape::from(vec![g.n, g.c_out, ho, wo]));
+    (
+        FlexTensor::new(bytes, layout(), dtype),
+        FlexTensor::new(Bytes::from_elems(pos), layout(), DType::U8),
+    )
+}
+
+/// A task's scratch: one image's input (f32), patch tile, conv output and pooled output.
+struct Scratch {
+    image: Vec<f32>,
+    cols: Vec<f32>,
+    z: Vec<f32>,
+    round: Round,
+    out32: Vec<f32>,
+}
+
+/// Rounds f32 values to f16 or bf16 and back a slice at a time (F16C where the CPU has it),
+/// through a buffer it keeps.
+#[derive(Default)]
+struct Round {
+    f16: Vec<f16>,
+    bf16: Vec<bf16>,
+}
+
+impl Round {
+    /// `v` as `dtype` would hold it (unchanged for f32).
+    fn through(&mut self, v: &mut [f32], dtype: DType) {
+        match dtype {
+            DType::F16 => {
+                self.f16.resize(v.len(), f16::ZERO);
+                self.f16.convert_from_f32_slice(v);
+                self.f16.convert_to_f32_slice(v);
+            }
+            DType::BF16 => {
+                self.bf16.resize(v.len(), bf16::ZERO);
+                self.bf16.convert_from_f32_slice(v);
+                self.bf16.convert_to_f32_slice(v);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `dst[:, 0..n]` (row stride `dst_rs`) `= lhs [m, k] · rhsᵀ` for `rhs [n, k]`, both
+/// row-major: Flex's im2col gemm call, on one thread.
+fn gemm_tile([m, n, k]: [usize; 3], lhs: &[f32], rhs: &[f32], dst: &mut [f32], dst_rs: usize) {
+    // The extents the strides reach, checked so the call below stays in bounds.
+    assert!(m > 0 && n > 0 && k > 0);
+    assert!(lhs.len() >= m * k && rhs.len() >= n * k);
+    assert!(dst.len() >= (m - 1) * dst_rs + n);
+    // SAFETY: the asserts keep every address inside the slices: dst [m, n] with row stride
+    // dst_rs, lhs [m, k] row-major, rhs read as [k, n] (column stride k, row stride 1).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            false,
+            lhs.as_ptr(),
+            1,
+            k as isize,
+            rhs.as_ptr(),
+            k as isize,
+            1,
+            0f32,
+            1f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
