@@ -359,12 +359,23 @@ impl ModelBackend for burn::backend::Flex {
         flex::write_rows(whole, start, part)
     }
 
+    fn sliced_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        match flex::linear_forward_half(&x, &weight, &bias) {
+            Some(out) => out,
+            None => sliced_linear::linear_plain::<Self>(x, weight, bias),
+        }
+    }
+
     fn linear_input_grad(
         dy: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         features: usize,
     ) -> FloatTensor<Self> {
-        match flex::linear_input_grad_bf16(&dy, &weight) {
+        match flex::linear_input_grad_half(&dy, &weight) {
             Some(dx) => dx,
             None => sliced_linear::input_grad_sliced::<Self>(dy, weight, features),
         }

@@ -118,7 +118,7 @@ pub(crate) fn linear_autodiff<B: ModelBackend, C: CheckpointStrategy>(
     weight: FloatTensor<Autodiff<B, C>>,
     bias: FloatTensor<Autodiff<B, C>>,
 ) -> FloatTensor<Autodiff<B, C>> {
-    let out = linear_plain::<B>(
+    let out = B::sliced_linear(
         x.primitive.clone(),
         weight.primitive.clone(),
         bias.primitive.clone(),

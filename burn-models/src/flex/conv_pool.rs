@@ -19,10 +19,10 @@
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{bf16, f16, Bytes, DType, Shape};
-use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::relu_pool::pool_plane;
+use super::half_slices::Half;
+use super::relu_pool::pool_plane_f32;
 use super::values::{supported, values, widen_into};
 
 /// Output places per gemm call: Flex's tile size, so that gemm sums each place the same way.
@@ -191,7 +191,7 @@ fn forward(g: &Geometry, [x, weight, bias]: [&FlexTensor; 3]) -> (FlexTensor, Fl
             }
             zc.iter_mut().for_each(|v| *v += b[c]);
             round.through(zc, dtype);
-            pool_plane(zc, [g.ch, g.cw, g.k], o, p, |v| v, 0.0);
+            pool_plane_f32(zc, [g.ch, g.cw, g.k], o, p);
         }
     };
     let scratch = || Scratch {
@@ -224,16 +224,12 @@ fn forward(g: &Geometry, [x, weight, bias]: [&FlexTensor; 3]) -> (FlexTensor, Fl
     let bytes = match dtype {
         DType::F16 => {
             let mut out = vec![f16::ZERO; total];
-            run(&mut out, &mut pos, per_image, scratch, image, |s, d| {
-                d.convert_from_f32_slice(s)
-            });
+            run(&mut out, &mut pos, per_image, scratch, image, f16::narrow);
             Bytes::from_elems(out)
         }
         DType::BF16 => {
             let mut out = vec![bf16::ZERO; total];
-            run(&mut out, &mut pos, per_image, scratch, image, |s, d| {
-                d.convert_from_f32_slice(s)
-            });
+            run(&mut out, &mut pos, per_image, scratch, image, bf16::narrow);
             Bytes::from_elems(out)
         }
         _ => {
@@ -274,13 +270,13 @@ impl Round {
         match dtype {
             DType::F16 => {
                 self.f16.resize(v.len(), f16::ZERO);
-                self.f16.convert_from_f32_slice(v);
-                self.f16.convert_to_f32_slice(v);
+                f16::narrow(v, &mut self.f16);
+                f16::widen(&self.f16, v);
             }
             DType::BF16 => {
                 self.bf16.resize(v.len(), bf16::ZERO);
-                self.bf16.convert_from_f32_slice(v);
-                self.bf16.convert_to_f32_slice(v);
+                bf16::narrow(v, &mut self.bf16);
+                bf16::widen(&self.bf16, v);
             }
             _ => {}
         }

@@ -5,13 +5,14 @@ use burn::backend::flex::{FlexTensor, Layout};
 use burn::backend::Flex;
 use burn::tensor::ops::{ConvOptions, FloatTensorOps};
 use burn::tensor::{bf16, f16, Bytes, DType, Shape, Slice};
-use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 mod bn_relu;
 mod conv;
 mod conv_pool;
-mod linear_grad;
+mod half_slices;
+use half_slices::Half;
+mod linear_half;
 mod pool_grad;
 mod relu_pool;
 mod values;
@@ -21,7 +22,7 @@ pub(crate) use conv::{
     pointwise_x_backward,
 };
 pub(crate) use conv_pool::conv_relu_pool_forward;
-pub(crate) use linear_grad::linear_input_grad_bf16;
+pub(crate) use linear_half::{linear_forward_half, linear_input_grad_half};
 pub(crate) use pool_grad::conv_relu_pool_param_grads;
 pub(crate) use relu_pool::relu_max_pool;
 
@@ -250,16 +251,16 @@ pub(crate) fn convert(t: FlexTensor, dtype: DType) -> FlexTensor {
     match (t.dtype(), dtype) {
         (a, b) if a == b => t,
         (DType::F32, DType::F16) => sliced(&t, dtype, f16::ZERO, |s: &[f32], d: &mut [f16]| {
-            d.convert_from_f32_slice(s)
+            f16::narrow(s, d)
         }),
         (DType::F32, DType::BF16) => sliced(&t, dtype, bf16::ZERO, |s: &[f32], d: &mut [bf16]| {
-            d.convert_from_f32_slice(s)
+            bf16::narrow(s, d)
         }),
-        (DType::F16, DType::F32) => sliced(&t, dtype, 0f32, |s: &[f16], d: &mut [f32]| {
-            s.convert_to_f32_slice(d)
-        }),
+        (DType::F16, DType::F32) => {
+            sliced(&t, dtype, 0f32, |s: &[f16], d: &mut [f32]| f16::widen(s, d))
+        }
         (DType::BF16, DType::F32) => sliced(&t, dtype, 0f32, |s: &[bf16], d: &mut [f32]| {
-            s.convert_to_f32_slice(d)
+            bf16::widen(s, d)
         }),
         (DType::F16, DType::BF16) => to(&t, dtype, |v: f16| bf16::from_f32(v.to_f32())),
         (DType::BF16, DType::F16) => to(&t, dtype, |v: bf16| f16::from_f32(v.to_f32())),

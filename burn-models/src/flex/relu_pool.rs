@@ -115,3 +115,31 @@ pub(super) fn pool_plane<T: Copy>(
         }
     }
 }
+
+/// [`pool_plane`] for f32 planes (the fused block's conv output), where the winner's value is
+/// the running maximum itself. 2×2 windows, SimpleModel's, take a loop over a row of windows
+/// that the compiler turns into vector compares and blends, the same rule place by place.
+pub(super) fn pool_plane_f32(z: &[f32], [h, w, k]: [usize; 3], out: &mut [f32], pos: &mut [u8]) {
+    if k != 2 {
+        return pool_plane(z, [h, w, k], out, pos, |v| v, 0.0);
+    }
+    let (ho, wo) = (h / 2, w / 2);
+    assert!(z.len() >= h * w && out.len() == ho * wo && pos.len() == out.len());
+    let windows = out
+        .chunks_exact_mut(wo.max(1))
+        .zip(pos.chunks_exact_mut(wo.max(1)));
+    for (qy, (out, pos)) in windows.enumerate() {
+        let (top, bottom) = (&z[2 * qy * w..][..2 * wo], &z[(2 * qy + 1) * w..][..2 * wo]);
+        let rows = top.chunks_exact(2).zip(bottom.chunks_exact(2));
+        for ((o, p), (t, b)) in out.iter_mut().zip(pos.iter_mut()).zip(rows) {
+            let (mut best, mut at) = (t[0], 0u8);
+            for (place, v) in [(1u8, t[1]), (2, b[0]), (3, b[1])] {
+                let better = v > best;
+                best = if better { v } else { best };
+                at = if better { place } else { at };
+            }
+            *o = if best > 0.0 { best } else { 0.0 };
+            *p = at;
+        }
+    }
+}

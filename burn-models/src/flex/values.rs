@@ -5,7 +5,8 @@ use std::borrow::Cow;
 
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{bf16, f16, Bytes, DType, Shape};
-use half::slice::HalfFloatSliceExt;
+
+use super::half_slices::Half;
 use rayon::prelude::*;
 
 /// Values `start..start + len` of a contiguous float tensor, as f32 (borrowed when f32).
@@ -28,8 +29,8 @@ pub(super) fn widen_into(t: &FlexTensor, start: usize, dst: &mut [f32]) {
     let at = t.layout().start_offset() + start;
     let len = dst.len();
     match t.dtype() {
-        DType::F16 => t.storage::<f16>()[at..at + len].convert_to_f32_slice(dst),
-        DType::BF16 => t.storage::<bf16>()[at..at + len].convert_to_f32_slice(dst),
+        DType::F16 => f16::widen(&t.storage::<f16>()[at..at + len], dst),
+        DType::BF16 => bf16::widen(&t.storage::<bf16>()[at..at + len], dst),
         _ => dst.copy_from_slice(&t.storage::<f32>()[at..at + len]),
     }
 }
@@ -77,8 +78,8 @@ pub(super) fn build(
         Bytes::from_elems(out)
     }
     let bytes = match dtype {
-        DType::F16 => narrowed(n, per, f16::ZERO, |s, d| d.convert_from_f32_slice(s), &f),
-        DType::BF16 => narrowed(n, per, bf16::ZERO, |s, d| d.convert_from_f32_slice(s), &f),
+        DType::F16 => narrowed(n, per, f16::ZERO, f16::narrow, &f),
+        DType::BF16 => narrowed(n, per, bf16::ZERO, bf16::narrow, &f),
         _ => {
             let mut out = vec![0f32; n * per];
             out.par_chunks_mut(per.max(1))

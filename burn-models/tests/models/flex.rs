@@ -111,12 +111,12 @@ fn bits4(t: Tensor<Flex, 4>) -> TensorData {
     t.into_data()
 }
 
-/// The bf16 input gradient of the sliced linear layer, made from the master weight rounded a
-/// block at a time, has the bits of the generic path (a bf16 copy of the weight, Flex's bf16
-/// matmul per slice), on SimpleModel's classifier shape and an odd one (blocks that do not
-/// divide the features); other dtypes take the generic path itself.
+/// The half-precision (f16, bf16) input gradient of the sliced linear layer, made by f32
+/// gemm from the master weight rounded a block at a time, has the bits of the generic path (a
+/// half copy of the weight, Flex's half matmul per slice), on SimpleModel's classifier shape
+/// and an odd one (blocks that do not divide the features); f32 takes the generic path itself.
 #[test]
-fn bf16_linear_input_grad_equals_the_generic_path() {
+fn half_linear_input_grad_equals_the_generic_path() {
     let device = Default::default();
     let prim = |t: Tensor<Flex, 2>| t.into_primitive().tensor();
     let float = |p| Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(p));
