@@ -13,6 +13,11 @@
 //! ReLU and max commute (`max(relu(z)) = relu(max(z))`, and a window whose maximum is not
 //! positive gets no gradient either way), so pooling first is the same function and the same
 //! gradient as the composed ReLU → max-pool, with a quarter of the ReLU's work.
+//!
+//! On the CPU, forward is one kernel for the whole batch (`flex/conv_pool.rs`: conv, bias, pool
+//! and winners an image per thread) and, for the first layer, backward reads the weight and
+//! bias gradients off the pooled gradient (`flex/pool_grad.rs`); other backends run the
+//! backend's ops a slice of images at a time.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;

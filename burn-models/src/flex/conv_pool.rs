@@ -92,12 +92,20 @@ impl Geometry {
         if !ok {
             return None;
         }
+        // Something to compute: no empty weight, and at least one whole window.
+        if wd.contains(&0) {
+            return None;
+        }
         let [ph, pw] = o.padding;
         let side = |size: usize, pad: usize, taps: usize| {
             size.checked_add(pad.checked_mul(2)?)?
                 .checked_sub(taps)?
                 .checked_add(1)
         };
+        let (ch, cw) = (side(xd[2], ph, wd[2])?, side(xd[3], pw, wd[3])?);
+        if ch < k || cw < k {
+            return None;
+        }
         Some(Self {
             n: xd[0],
             c_in: xd[1],
@@ -108,8 +116,8 @@ impl Geometry {
             kw: wd[3],
             ph,
             pw,
-            ch: side(xd[2], ph, wd[2])?,
-            cw: side(xd[3], pw, wd[3])?,
+            ch,
+            cw,
             k,
         })
     }

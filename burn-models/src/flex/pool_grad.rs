@@ -53,7 +53,9 @@ pub(crate) fn conv_relu_pool_param_grads(
         && od[0] == xd[0]
         && od[1] == c_out
         && k > 0
-        && k * k <= 256;
+        && k * k <= 256
+        && c_in * kh * kw > 0
+        && od[2] * od[3] > 0;
     if !covered {
         return None;
     }

@@ -33,6 +33,67 @@ fn convert_rounds_as_flexs_cast() {
     }
 }
 
+/// The f16 slice conversions (F16C where the CPU has it, eight values per instruction, and
+/// a tail) equal `half`'s value-by-value conversion: every f16 bit pattern widened, and f32
+/// values at, between and just beside consecutive f16 values (ties to even, subnormals,
+/// overflow to infinity) rounded; NaN stays NaN. Lengths that are not multiples of eight.
+#[test]
+fn f16_slice_conversions_equal_value_by_value() {
+    use burn::tensor::f16;
+    let device = Default::default();
+    let convert = |t: Tensor<Flex, 1>, to: DType| {
+        Tensor::<Flex, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(
+            <Flex as ModelBackend>::float_convert(t.into_primitive().tensor(), to),
+        ))
+    };
+    let agree = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    // Widening: all 65,536 patterns, then 65,535 of them (a tail of seven).
+    let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+    for len in [all.len(), all.len() - 1] {
+        let halves =
+            Tensor::<Flex, 1>::from_data(TensorData::new(all[..len].to_vec(), [len]), &device);
+        let wide = convert(halves, DType::F32)
+            .into_data()
+            .to_vec::<f32>()
+            .expect("f32");
+        for (h, w) in all[..len].iter().zip(wide) {
+            assert!(agree(w, h.to_f32()), "{:#06x} widened to {w}", h.to_bits());
+        }
+    }
+    // Rounding: each positive finite f16 value, the midpoint to the next (a tie), and the
+    // f32 values one step either side of that midpoint, and their negatives.
+    let mut values = vec![f32::NAN, f32::INFINITY, 65520.0, 1e-40];
+    for bits in 0..0x7bffu16 {
+        let (a, b) = (
+            f16::from_bits(bits).to_f32(),
+            f16::from_bits(bits + 1).to_f32(),
+        );
+        let mid = (a + b) / 2.0;
+        let near = [
+            mid,
+            f32::from_bits(mid.to_bits() - 1),
+            f32::from_bits(mid.to_bits() + 1),
+        ];
+        for v in [a].into_iter().chain(near) {
+            values.extend([v, -v]);
+        }
+    }
+    values.push(1.5);
+    assert_ne!(values.len() % 8, 0, "a tail");
+    let len = values.len();
+    let wide = Tensor::<Flex, 1>::from_data(TensorData::new(values.clone(), [len]), &device);
+    let narrow = convert(wide, DType::F16)
+        .into_data()
+        .to_vec::<f16>()
+        .expect("f16");
+    for (v, h) in values.iter().zip(narrow) {
+        assert!(
+            agree(h.to_f32(), f16::from_f32(*v).to_f32()),
+            "{v:e} rounded to {h}"
+        );
+    }
+}
+
 /// gemm's in-place `sum + lhs · rhs` equals the matmul and add it replaces: f32 operands (a
 /// transposed view among them) and f16 operands widened to f32.
 #[test]
