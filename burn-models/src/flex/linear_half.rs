@@ -20,7 +20,7 @@ use burn::tensor::{bf16, f16, Bytes, DType, Shape};
 
 use super::gemm_f32;
 use super::half_slices::Half;
-use super::values::widen_into;
+use super::values::{round_through, widen_into};
 
 /// Values of a widened operand or f32 product made per slice or block.
 const BLOCK_VALUES: usize = 1 << 16;
@@ -28,14 +28,6 @@ const BLOCK_VALUES: usize = 1 << 16;
 /// Whether `dtype` is a half type these kernels compute.
 fn half(dtype: DType) -> bool {
     matches!(dtype, DType::F16 | DType::BF16)
-}
-
-/// `v` rounded to the half `dtype` and widened back, in place, a slice at a time.
-fn round_through(v: &mut [f32], dtype: DType) {
-    match dtype {
-        DType::F16 => v.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32()),
-        _ => v.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32()),
-    }
 }
 
 /// f32 `values` rounded into `dst` from element `at` on.
