@@ -1,20 +1,17 @@
-//! MobileNet's two convolutions on the CPU, forward and backward: the depthwise 3×3 (one
-//! filter per channel) as direct loops over each image's channel planes, and the pointwise
-//! 1×1's gradients as one gemm per image.
+//! MobileNet's pointwise (1×1) convolution on the CPU, forward for half precision and both
+//! gradients, as gemm calls per image; and what the direct conv kernels share (the master
+//! weight rounded as it is read, the weight gradient stored in the master's dtype). The
+//! depthwise conv has [its own file](super::depthwise).
 //!
-//! Burn's generic backward runs a depthwise conv's weight gradient as one small convolution
-//! per channel group and every input gradient through `conv_transpose2d`, with strided copies
-//! around them (about 40% of a MobileNet step on two cores). Here:
+//! Burn's generic backward runs every input gradient through `conv_transpose2d`, with strided
+//! copies around it. Here:
 //!
 //! ```text
-//! depthwise   out[c] = Σ_t w[c,t] · x[c] shifted by tap t        (direct, per plane)
-//!             dx[c]  = Σ_t w[c,t] · dz[c] shifted back             (direct, per plane)
-//!             dw[c,t] = Σ_images Σ_positions dz[c] · x[c] shifted  (direct, per channel)
 //! pointwise   dxᵢ = Wᵀ · dzᵢ       dW = Σᵢ dzᵢ · xᵢᵀ                (gemm)
 //! ```
-//! Arithmetic is f32; half-precision tensors are widened a plane or an image at a time and the
-//! result rounded once, so no widened copy of a whole activation exists. Anything else (other
-//! strides, dilation, groups, kernel sizes, dtypes) returns `None` and takes Flex's ops.
+//! Arithmetic is f32; half-precision tensors are widened an image (or a band of the weight)
+//! at a time and the result rounded once, so no widened copy of a whole activation exists.
+//! Anything else (other strides, padding, groups, dtypes) returns `None` and takes Flex's ops.
 
 use std::borrow::Cow;
 
@@ -25,7 +22,7 @@ use rayon::prelude::*;
 
 use super::gemm_f32;
 use super::half_slices::Half;
-use super::values::{build, round_through, stored, supported, values, widen_into};
+use super::values::{round_through, stored, supported, values, widen_into};
 
 /// Whether a backward kernel takes `weight` for a conv computed in `dtype`: the weight in that
 /// dtype, or its f32 master copy, which forward rounded to `dtype` (the kernels round it as
@@ -36,7 +33,12 @@ pub(super) fn rounds_to(weight: &FlexTensor, dtype: DType) -> bool {
 
 /// Weight values `start..start + len` as f32, rounded to `dtype` as forward's cast rounded them
 /// (borrowed when nothing changes).
-fn weight_values(w: &FlexTensor, dtype: DType, start: usize, len: usize) -> Cow<'_, [f32]> {
+pub(super) fn weight_values(
+    w: &FlexTensor,
+    dtype: DType,
+    start: usize,
+    len: usize,
+) -> Cow<'_, [f32]> {
     let mut v = values(w, start, len);
     if w.dtype() != dtype {
         round_through(v.to_mut(), dtype);
@@ -46,219 +48,16 @@ fn weight_values(w: &FlexTensor, dtype: DType, start: usize, len: usize) -> Cow<
 
 /// A weight gradient summed in f32 for a conv computed in `dtype`, as that conv would have
 /// returned it (rounded to `dtype`), stored in the weight's own dtype `master`.
-fn weight_grad(mut dw: Vec<f32>, shape: Vec<usize>, dtype: DType, master: DType) -> FlexTensor {
+pub(super) fn weight_grad(
+    mut dw: Vec<f32>,
+    shape: Vec<usize>,
+    dtype: DType,
+    master: DType,
+) -> FlexTensor {
     if master != dtype {
         round_through(&mut dw, dtype);
     }
     stored(dw, shape, master)
-}
-
-/// A depthwise conv's geometry: `c` channels, `h×w` in, `ho×wo` out, `k×k` taps.
-#[derive(Clone, Copy)]
-struct Depthwise {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    ho: usize,
-    wo: usize,
-    k: usize,
-    stride: usize,
-    pad: usize,
-}
-
-impl Depthwise {
-    /// The geometry when `x [n, c, h, w]` and `weight [c, 1, k, k]` (in `x`'s dtype or its
-    /// f32 [master copy](rounds_to)) make a depthwise conv with square stride and padding and
-    /// no dilation.
-    fn of(x: &FlexTensor, weight: &FlexTensor, o: &ConvOptions<2>) -> Option<Self> {
-        let (xd, wd) = (x.layout().shape(), weight.layout().shape());
-        let ok = xd.len() == 4
-            && wd.len() == 4
-            && o.groups == xd[1]
-            && o.groups > 1
-            && wd[0] == xd[1]
-            && wd[1] == 1
-            && wd[2] == wd[3]
-            && o.stride[0] == o.stride[1]
-            && o.stride[0] >= 1
-            && o.padding[0] == o.padding[1]
-            && o.dilation == [1, 1]
-            && supported(x)
-            && rounds_to(weight, x.dtype());
-        if !ok {
-            return None;
-        }
-        let (k, stride, pad) = (wd[2], o.stride[0], o.padding[0]);
-        let side = |s: usize| (s + 2 * pad).checked_sub(k).map(|v| v / stride + 1);
-        Some(Self {
-            n: xd[0],
-            c: xd[1],
-            h: xd[2],
-            w: xd[3],
-            ho: side(xd[2])?,
-            wo: side(xd[3])?,
-            k,
-            stride,
-            pad,
-        })
-    }
-
-    /// [`of`](Self::of), when `dz` is also the gradient of that conv's output.
-    fn with_gradient(
-        x: &FlexTensor,
-        weight: &FlexTensor,
-        dz: &FlexTensor,
-        o: &ConvOptions<2>,
-    ) -> Option<Self> {
-        let g = Self::of(x, weight, o)?;
-        let fits =
-            dz.layout().shape().to_vec() == [g.n, g.c, g.ho, g.wo] && dz.dtype() == x.dtype();
-        fits.then_some(g)
-    }
-
-    /// Output positions `a..b` along an axis of `out` outputs whose input `pos · stride + t −
-    /// pad` lies in `0..size`, for tap `t`.
-    fn range(&self, t: usize, out: usize, size: usize) -> (usize, usize) {
-        // pos · s + t ≥ pad  ⇔  pos ≥ ⌈(pad − t) / s⌉;   pos · s + t − pad < size.
-        let a = self.pad.saturating_sub(t).div_ceil(self.stride);
-        let b = match (size + self.pad).checked_sub(t) {
-            Some(v) if v > 0 => (v - 1) / self.stride + 1,
-            _ => 0,
-        };
-        (a.min(out), b.min(out).max(a.min(out)))
-    }
-
-    /// `f(tap weight index, ky, kx, y-range, x-range)` for every tap with a non-empty overlap.
-    fn taps(&self, mut f: impl FnMut(usize, usize, usize, (usize, usize), (usize, usize))) {
-        for ky in 0..self.k {
-            let ys = self.range(ky, self.ho, self.h);
-            for kx in 0..self.k {
-                let xs = self.range(kx, self.wo, self.w);
-                if ys.0 < ys.1 && xs.0 < xs.1 {
-                    f(ky * self.k + kx, ky, kx, ys, xs);
-                }
-            }
-        }
-    }
-}
-
-/// Depthwise conv forward (no bias).
-pub(crate) fn depthwise_conv(
-    x: &FlexTensor,
-    weight: &FlexTensor,
-    o: &ConvOptions<2>,
-) -> Option<FlexTensor> {
-    let g = Depthwise::of(x, weight, o)?;
-    let (x, weight) = (x.to_contiguous(), weight.to_contiguous());
-    let ws = weight_values(&weight, x.dtype(), 0, g.c * g.k * g.k);
-    let (plane_in, plane_out) = (g.h * g.w, g.ho * g.wo);
-    let shape = vec![g.n, g.c, g.ho, g.wo];
-    Some(build(shape, g.n * g.c, plane_out, x.dtype(), |p, out| {
-        let input = values(&x, p * plane_in, plane_in);
-        let wc = &ws[(p % g.c) * g.k * g.k..][..g.k * g.k];
-        g.taps(|t, ky, kx, (y0, y1), (x0, x1)| {
-            let wv = wc[t];
-            for y in y0..y1 {
-                let row = &input[(y * g.stride + ky - g.pad) * g.w..][..g.w];
-                let dst = &mut out[y * g.wo..][..g.wo];
-                if g.stride == 1 {
-                    // Contiguous on both sides, of one length: a loop the compiler vectorises
-                    // without bounds tests.
-                    let len = x1 - x0;
-                    let (src, dst) = (&row[x0 + kx - g.pad..][..len], &mut dst[x0..][..len]);
-                    for i in 0..len {
-                        dst[i] += wv * src[i];
-                    }
-                } else {
-                    for xo in x0..x1 {
-                        dst[xo] += wv * row[xo * g.stride + kx - g.pad];
-                    }
-                }
-            }
-        });
-    }))
-}
-
-/// Depthwise conv input gradient: each output gradient spread back over its taps.
-///
-/// Only the input's shape and dtype are read: `x` is dropped before `dx` is made (so its
-/// values can go first when this holds the last reference), or handed back in `Err` when the
-/// conv is not one this runs.
-pub(crate) fn depthwise_x_backward(
-    x: FlexTensor,
-    weight: &FlexTensor,
-    dz: &FlexTensor,
-    o: &ConvOptions<2>,
-) -> Result<FlexTensor, FlexTensor> {
-    let Some(g) = Depthwise::with_gradient(&x, weight, dz, o) else {
-        return Err(x);
-    };
-    let dtype = x.dtype();
-    drop(x);
-    let (weight, dz) = (weight.to_contiguous(), dz.to_contiguous());
-    let ws = weight_values(&weight, dtype, 0, g.c * g.k * g.k);
-    let (plane_in, plane_out) = (g.h * g.w, g.ho * g.wo);
-    let shape = vec![g.n, g.c, g.h, g.w];
-    Ok(build(shape, g.n * g.c, plane_in, dtype, |p, dx| {
-        let grad = values(&dz, p * plane_out, plane_out);
-        let wc = &ws[(p % g.c) * g.k * g.k..][..g.k * g.k];
-        g.taps(|t, ky, kx, (y0, y1), (x0, x1)| {
-            let wv = wc[t];
-            for y in y0..y1 {
-                let src = &grad[y * g.wo..][..g.wo];
-                let row = &mut dx[(y * g.stride + ky - g.pad) * g.w..][..g.w];
-                if g.stride == 1 {
-                    let len = x1 - x0;
-                    let (src, dst) = (&src[x0..][..len], &mut row[x0 + kx - g.pad..][..len]);
-                    for i in 0..len {
-                        dst[i] += wv * src[i];
-                    }
-                } else {
-                    for xo in x0..x1 {
-                        row[xo * g.stride + kx - g.pad] += wv * src[xo];
-                    }
-                }
-            }
-        });
-    }))
-}
-
-/// Depthwise conv weight gradient, summed over the batch in f32, in the dtype of `x`.
-pub(crate) fn depthwise_weight_backward(
-    x: &FlexTensor,
-    weight: &FlexTensor,
-    dz: &FlexTensor,
-    o: &ConvOptions<2>,
-) -> Option<FlexTensor> {
-    let g = Depthwise::with_gradient(x, weight, dz, o)?;
-    let (x, dz) = (x.to_contiguous(), dz.to_contiguous());
-    let (plane_in, plane_out, taps) = (g.h * g.w, g.ho * g.wo, g.k * g.k);
-    let mut dw = vec![0f32; g.c * taps];
-    dw.par_chunks_mut(taps).enumerate().for_each(|(c, dwc)| {
-        for img in 0..g.n {
-            let p = img * g.c + c;
-            let input = values(&x, p * plane_in, plane_in);
-            let grad = values(&dz, p * plane_out, plane_out);
-            g.taps(|t, ky, kx, (y0, y1), (x0, x1)| {
-                let mut acc = 0f32;
-                for y in y0..y1 {
-                    let row = &input[(y * g.stride + ky - g.pad) * g.w..][..g.w];
-                    let src = &grad[y * g.wo..][..g.wo];
-                    for xo in x0..x1 {
-                        acc += src[xo] * row[xo * g.stride + kx - g.pad];
-                    }
-                }
-                dwc[t] += acc;
-            });
-        }
-    });
-    Some(weight_grad(
-        dw,
-        vec![g.c, 1, g.k, g.k],
-        x.dtype(),
-        weight.dtype(),
-    ))
 }
 
 /// `(n, k_in, m_out, positions)` when `x [n, k, h, w]` and `weight [m, k, 1, 1]` (in `x`'s

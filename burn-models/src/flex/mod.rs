@@ -10,6 +10,7 @@ use rayon::prelude::*;
 mod bn_relu;
 mod conv;
 mod conv_pool;
+mod depthwise;
 mod half_slices;
 use half_slices::Half;
 mod linear_half;
@@ -17,11 +18,9 @@ mod pool_grad;
 mod relu_pool;
 mod values;
 pub(crate) use bn_relu::bn_relu_backward;
-pub(crate) use conv::{
-    depthwise_conv, depthwise_weight_backward, depthwise_x_backward, pointwise_weight_backward,
-    pointwise_x_backward,
-};
+pub(crate) use conv::{pointwise_weight_backward, pointwise_x_backward};
 pub(crate) use conv_pool::conv_relu_pool_forward;
+pub(crate) use depthwise::{depthwise_conv, depthwise_weight_backward, depthwise_x_backward};
 pub(crate) use linear_half::{linear_forward_half, linear_input_grad_half};
 pub(crate) use pool_grad::conv_relu_pool_param_grads;
 pub(crate) use relu_pool::relu_max_pool;

@@ -24,6 +24,27 @@ pub(super) fn values(t: &FlexTensor, start: usize, len: usize) -> Cow<'_, [f32]>
     }
 }
 
+/// Values `start..start + len` of a contiguous float tensor as f32: borrowed when f32,
+/// else widened into `scratch` (grown as needed, kept for the next call).
+pub(super) fn values_in<'a>(
+    t: &'a FlexTensor,
+    start: usize,
+    len: usize,
+    scratch: &'a mut Vec<f32>,
+) -> &'a [f32] {
+    match t.dtype() {
+        DType::F16 | DType::BF16 => {
+            scratch.resize(len, 0.0);
+            widen_into(t, start, scratch);
+            scratch
+        }
+        _ => {
+            let at = t.layout().start_offset() + start;
+            &t.storage::<f32>()[at..at + len]
+        }
+    }
+}
+
 /// Values `start..start + dst.len()` of a contiguous float tensor, widened into `dst`.
 pub(super) fn widen_into(t: &FlexTensor, start: usize, dst: &mut [f32]) {
     let at = t.layout().start_offset() + start;
@@ -59,32 +80,45 @@ pub(super) fn build(
     dtype: DType,
     f: impl Fn(usize, &mut [f32]) + Sync,
 ) -> FlexTensor {
-    fn narrowed<H: bytemuck::Pod + Send + Sync + burn::tensor::Element>(
-        n: usize,
-        per: usize,
+    build_with(shape, n, per, dtype, || (), |_, i, out| f(i, out))
+}
+
+/// [`build`], with a scratch `S` per rayon task, made by `init`, that `f(scratch, i, out)`
+/// may use.
+pub(super) fn build_with<S>(
+    shape: Vec<usize>,
+    n: usize,
+    per: usize,
+    dtype: DType,
+    init: impl Fn() -> S + Sync + Send,
+    f: impl Fn(&mut S, usize, &mut [f32]) + Sync,
+) -> FlexTensor {
+    fn narrowed<H: bytemuck::Pod + Send + Sync + burn::tensor::Element, S>(
+        (n, per): (usize, usize),
         zero: H,
         narrow: fn(&[f32], &mut [H]),
-        f: &(impl Fn(usize, &mut [f32]) + Sync),
+        init: &(impl Fn() -> S + Sync + Send),
+        f: &(impl Fn(&mut S, usize, &mut [f32]) + Sync),
     ) -> Bytes {
         let mut out = vec![zero; n * per];
         out.par_chunks_mut(per.max(1)).enumerate().for_each_init(
-            || vec![0f32; per],
-            |buf, (i, o)| {
+            || (vec![0f32; per], init()),
+            |(buf, scratch), (i, o)| {
                 buf.fill(0.0);
-                f(i, buf);
+                f(scratch, i, buf);
                 narrow(buf, o);
             },
         );
         Bytes::from_elems(out)
     }
     let bytes = match dtype {
-        DType::F16 => narrowed(n, per, f16::ZERO, f16::narrow, &f),
-        DType::BF16 => narrowed(n, per, bf16::ZERO, bf16::narrow, &f),
+        DType::F16 => narrowed((n, per), f16::ZERO, f16::narrow, &init, &f),
+        DType::BF16 => narrowed((n, per), bf16::ZERO, bf16::narrow, &init, &f),
         _ => {
             let mut out = vec![0f32; n * per];
             out.par_chunks_mut(per.max(1))
                 .enumerate()
-                .for_each(|(i, o)| f(i, o));
+                .for_each_init(&init, |scratch, (i, o)| f(scratch, i, o));
             Bytes::from_elems(out)
         }
     };

@@ -224,6 +224,14 @@ fn direct_depthwise_and_pointwise_convs_equal_flexs() {
         ("depthwise s1", 16, 16, 3, 1, 1, 1, 16, 9),
         ("depthwise s2", 16, 16, 3, 2, 1, 1, 16, 8),
         ("depthwise s2 odd", 8, 8, 3, 2, 1, 1, 8, 7),
+        // MobileNet's last planes: 4×4 and 2×2 outputs.
+        ("depthwise s1 4×4", 16, 16, 3, 1, 1, 1, 16, 4),
+        ("depthwise s1 2×2", 16, 16, 3, 1, 1, 1, 16, 2),
+        ("depthwise s2 4×4 to 2×2", 16, 16, 3, 2, 1, 1, 16, 4),
+        // Other kernels, paddings and strides than MobileNet's.
+        ("depthwise 5×5 s1 pad 2", 8, 8, 5, 1, 2, 1, 8, 7),
+        ("depthwise 5×5 s3 pad 1", 8, 8, 5, 3, 1, 1, 8, 11),
+        ("depthwise 2×2 s1 no pad", 8, 8, 2, 1, 0, 1, 8, 5),
         ("pointwise", 16, 24, 1, 1, 0, 1, 1, 5),
         // 160 · 128 weights: more than one band of the weight (flex/conv.rs, WEIGHT_BAND).
         ("pointwise banded", 160, 128, 1, 1, 0, 1, 1, 3),
