@@ -122,11 +122,27 @@ pub trait ModelBackend: Backend {
         conv2d_weight_backward_cast::<Self>(x, weight, dz, options)
     }
 
+    /// Training-mode batch norm of `z` (computed in `work`) followed by a ReLU, as the [fused
+    /// block](crate::conv_bn_relu) runs it: `[output, mean, var, rstd]`, the output in `z`'s
+    /// dtype and the `[channels]` statistics in `work` (`var` biased, `rstd` = 1/√(var + ε)).
+    /// Its output must be what [`bn_relu_backward`](Self::bn_relu_backward) recomputes for
+    /// the ReLU's mask. The CPU backend runs it in two passes over `z` for batch norm in f32.
+    fn bn_relu_forward(
+        z: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        work: DType,
+        epsilon: f64,
+    ) -> [FloatTensor<Self>; 4] {
+        let f = batch_norm::forward::<Self>(z, gamma, beta, work, epsilon);
+        [Self::relu(f.output), f.mean, f.var, f.rstd]
+    }
+
     /// The gradients `[dz, dγ, dβ]` of training-mode batch norm followed by a ReLU, from batch
     /// norm's input `z`, its `[channels]` parameters and saved statistics (`mean`, `rstd` in
     /// `work`) and the ReLU output's gradient `dout`, as the [fused
-    /// block](crate::conv_bn_relu) needs them. The CPU backend runs half-precision activations
-    /// with f32 statistics in two passes that widen a plane at a time.
+    /// block](crate::conv_bn_relu) needs them. The CPU backend runs batch norm in f32 in two
+    /// passes over `z` that widen (half precision) a plane at a time.
     #[allow(clippy::too_many_arguments)]
     fn bn_relu_backward(
         z: FloatTensor<Self>,
@@ -319,6 +335,24 @@ impl ModelBackend for burn::backend::Flex {
             Some(dw) => dw,
             None => conv2d_weight_backward_cast::<Self>(x, weight, dz, options),
         }
+    }
+
+    fn bn_relu_forward(
+        z: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        work: DType,
+        epsilon: f64,
+    ) -> [FloatTensor<Self>; 4] {
+        let direct = match work {
+            DType::F32 => flex::bn_relu_forward(&z, &gamma, &beta, epsilon),
+            _ => None,
+        };
+        direct.unwrap_or_else(|| {
+            let f = batch_norm::forward::<Self>(z, gamma, beta, work, epsilon);
+            let output = <Self as burn::tensor::ops::ActivationOps<Self>>::relu(f.output);
+            [output, f.mean, f.var, f.rstd]
+        })
     }
 
     fn bn_relu_backward(

@@ -27,7 +27,7 @@ use burn::tensor::ops::{ConvOptions, FloatTensor};
 use burn::tensor::DType;
 
 use crate::backend::ModelBackend;
-use crate::batch_norm::{self, BatchNormOutput, SavedStats};
+use crate::batch_norm::{BatchNormOutput, SavedStats};
 use crate::grad_sum::register_param;
 
 /// The composed block, for backends without an autodiff graph.
@@ -41,11 +41,8 @@ pub(crate) fn conv_bn_relu_plain<B: ModelBackend>(
     epsilon: f64,
 ) -> BatchNormOutput<B> {
     let z = B::float_conv2d(x, weight, options);
-    let bn = batch_norm::batch_norm_plain::<B>(z, gamma, beta, work, epsilon);
-    BatchNormOutput {
-        output: B::relu(bn.output),
-        ..bn
-    }
+    let [output, mean, var, _] = B::bn_relu_forward(z, gamma, beta, work, epsilon);
+    BatchNormOutput { output, mean, var }
 }
 
 /// What backward reads besides the graph's own tensors.
@@ -121,25 +118,24 @@ pub(crate) fn conv_bn_relu_autodiff<B: ModelBackend, C: CheckpointStrategy>(
         weight.primitive.clone(),
         options.clone(),
     );
-    let f = batch_norm::forward::<B>(
+    let [output, mean, var, rstd] = B::bn_relu_forward(
         z.clone(),
         gamma.primitive.clone(),
         beta.primitive.clone(),
         work,
         epsilon,
     );
-    let output = B::relu(f.output);
     let inner = <Autodiff<B, C> as AutodiffBackend>::from_inner;
-    let (mean, var) = (inner(f.mean.clone()), inner(f.var));
     let saved = Saved {
         z,
         stats: SavedStats {
-            mean: f.mean,
-            rstd: f.rstd,
+            mean: mean.clone(),
+            rstd,
             work,
         },
         options,
     };
+    let (mean, var) = (inner(mean), inner(var));
     let parents = [
         x.node.clone(),
         weight.node.clone(),

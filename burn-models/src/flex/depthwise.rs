@@ -20,7 +20,7 @@ use burn::tensor::ops::ConvOptions;
 use rayon::prelude::*;
 
 use super::conv::{rounds_to, weight_grad, weight_values};
-use super::values::{build_with, supported, values_in};
+use super::values::{build, supported, values_in};
 
 /// A depthwise conv's geometry: `c` channels, `h×w` in, `ho×wo` out, `k×k` taps, the padded
 /// input `hp × wp`.
@@ -201,7 +201,7 @@ pub(crate) fn depthwise_conv(
     let (image_in, image_out) = (g.c * g.h * g.w, g.c * g.ho * g.wo);
     let shape = vec![g.n, g.c, g.ho, g.wo];
     let scratch = || g.scratch();
-    Some(build_with(
+    Some(build(
         shape,
         g.n,
         image_out,
@@ -247,29 +247,22 @@ pub(crate) fn depthwise_x_backward(
     let (image_in, image_out) = (g.c * g.h * g.w, g.c * g.ho * g.wo);
     let shape = vec![g.n, g.c, g.h, g.w];
     let scratch = || g.scratch();
-    Ok(build_with(
-        shape,
-        g.n,
-        image_in,
-        dtype,
-        scratch,
-        |s, i, dx| {
-            let grad = values_in(&dz, i * image_out, image_out, &mut s.wide);
-            to_channels_last(grad, (g.ho, g.wo), 0, g.wo, &mut s.last);
-            s.padded.fill(0.0);
-            let c = g.c;
-            for (place, gv) in s.last.chunks_exact(c).enumerate() {
-                let (y, x) = (place / g.wo, place % g.wo);
-                for (t, w) in wt.chunks_exact(c).enumerate() {
-                    let dst = &mut s.padded[g.at(y, x, t / g.k, t % g.k)..][..c];
-                    for i in 0..c {
-                        dst[i] += w[i] * gv[i];
-                    }
+    Ok(build(shape, g.n, image_in, dtype, scratch, |s, i, dx| {
+        let grad = values_in(&dz, i * image_out, image_out, &mut s.wide);
+        to_channels_last(grad, (g.ho, g.wo), 0, g.wo, &mut s.last);
+        s.padded.fill(0.0);
+        let c = g.c;
+        for (place, gv) in s.last.chunks_exact(c).enumerate() {
+            let (y, x) = (place / g.wo, place % g.wo);
+            for (t, w) in wt.chunks_exact(c).enumerate() {
+                let dst = &mut s.padded[g.at(y, x, t / g.k, t % g.k)..][..c];
+                for i in 0..c {
+                    dst[i] += w[i] * gv[i];
                 }
             }
-            from_channels_last(&s.padded, (g.h, g.w), g.pad, g.wp, dx);
-        },
-    ))
+        }
+        from_channels_last(&s.padded, (g.h, g.w), g.pad, g.wp, dx);
+    }))
 }
 
 /// Depthwise conv weight gradient, summed over the batch in f32 (each image's sum added in

@@ -17,7 +17,7 @@ mod linear_half;
 mod pool_grad;
 mod relu_pool;
 mod values;
-pub(crate) use bn_relu::bn_relu_backward;
+pub(crate) use bn_relu::{bn_relu_backward, bn_relu_forward};
 pub(crate) use conv::{pointwise_weight_backward, pointwise_x_backward};
 pub(crate) use conv_pool::conv_relu_pool_forward;
 pub(crate) use depthwise::{depthwise_conv, depthwise_weight_backward, depthwise_x_backward};

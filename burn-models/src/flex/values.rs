@@ -62,30 +62,43 @@ pub(super) fn supported(t: &FlexTensor) -> bool {
 }
 
 /// `v` rounded to `dtype` and back, in place: the value a cast to `dtype` gives (a no-op
-/// for f32).
+/// for f32). Through the slice conversions, 64 values at a time.
 pub(super) fn round_through(v: &mut [f32], dtype: DType) {
+    fn through<H: Half>(v: &mut [f32], zero: H) {
+        let mut buf = [zero; 64];
+        for chunk in v.chunks_mut(64) {
+            let half = &mut buf[..chunk.len()];
+            H::narrow(chunk, half);
+            H::widen(half, chunk);
+        }
+    }
     match dtype {
-        DType::F16 => v.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32()),
-        DType::BF16 => v.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32()),
+        DType::F16 => through(v, f16::ZERO),
+        DType::BF16 => through(v, bf16::ZERO),
         _ => {}
     }
 }
 
-/// A `dtype` tensor of `shape` whose `n` chunks of `per` values are made in f32 by `f(i, out)`
-/// (given zeros), in parallel, and rounded chunk by chunk.
-pub(super) fn build(
-    shape: Vec<usize>,
-    n: usize,
-    per: usize,
-    dtype: DType,
-    f: impl Fn(usize, &mut [f32]) + Sync,
-) -> FlexTensor {
-    build_with(shape, n, per, dtype, || (), |_, i, out| f(i, out))
+/// `Σ f(i)` for `i` in `0..len`, over eight lanes (the lanes' sums added in lane order, then
+/// the tail's): a sum the compiler vectorises, where one running sum is a chain of dependent
+/// adds. The order is fixed by `len` alone.
+#[inline]
+pub(super) fn lane_sum(len: usize, f: impl Fn(usize) -> f32) -> f32 {
+    let mut lanes = [0f32; 8];
+    let whole = len - len % 8;
+    for i in (0..whole).step_by(8) {
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            *lane += f(i + l);
+        }
+    }
+    let tail: f32 = (whole..len).map(&f).sum();
+    lanes.iter().sum::<f32>() + tail
 }
 
-/// [`build`], with a scratch `S` per rayon task, made by `init`, that `f(scratch, i, out)`
-/// may use.
-pub(super) fn build_with<S>(
+/// A `dtype` tensor of `shape` whose `n` chunks of `per` values are made in f32 by
+/// `f(scratch, i, out)` (given zeros, and a scratch `S` per rayon task, made by `init`), in
+/// parallel, and rounded chunk by chunk.
+pub(super) fn build<S>(
     shape: Vec<usize>,
     n: usize,
     per: usize,

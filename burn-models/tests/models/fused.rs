@@ -117,9 +117,10 @@ fn batch_norm(channels: usize) -> BatchNorm<B> {
 
 /// Conv → BN → ReLU, fused and composed, for a dense 3×3, a depthwise stride-2 3×3 and a
 /// pointwise 1×1: output, running statistics and every gradient (x, w, γ, β). The dense conv
-/// runs through Flex's ops either way: bit for bit. The CPU runs depthwise and pointwise convs
-/// directly (`flex/conv.rs`), and batch norm → ReLU backward for half activations with BN in
-/// f32 (`flex/bn_relu.rs`), whose sums go in another order: equal to the compute dtype's
+/// runs through Flex's ops either way, and so does batch norm in f16: bit for bit. The CPU
+/// runs depthwise and pointwise convs directly (`flex/depthwise.rs`, `flex/conv.rs`), and
+/// batch norm in f32 → ReLU forward, and backward for half activations
+/// (`flex/bn_relu.rs`), whose sums go in another order: equal to the compute dtype's
 /// rounding.
 #[test]
 fn conv_bn_relu_equals_the_composed_layers() {
@@ -162,8 +163,7 @@ fn conv_bn_relu_equals_the_composed_layers() {
                 )
             };
             let (a, b) = (run(true), run(false));
-            let half_bn_f32 = p.compute != DType::F32 && p.batch_norm == DType::F32;
-            let direct = groups > 1 || k == 1 || half_bn_f32;
+            let direct = groups > 1 || k == 1 || p.batch_norm == DType::F32;
             let check = |part: &str, x: Tensor<Flex, 1>, y: Tensor<Flex, 1>| {
                 let part = format!("{what}: {part}");
                 match direct {
@@ -422,8 +422,11 @@ fn fused_models_equal_the_composed_ones() {
             let params = grad_list(&m, &grads);
             (y.inner(), params)
         };
-        // The CPU's direct depthwise and pointwise convs sum in another order than Flex's:
-        // in f32 equal to rounding. In half precision every layer rounds, and at batch 2 many
+        // The CPU's direct depthwise and pointwise convs sum in another order than Flex's, and
+        // its batch norm sums each channel's statistics in f64 (Flex: a mean of means in
+        // f32): in f32 equal to rounding, which 27 layers of batch norm over 2 images (8
+        // values per channel in the last layers) amplify to ~1e-4 (a wrong ReLU mask would
+        // be ~1e-2). In half precision every layer rounds, and at batch 2 many
         // single gradients are sums that nearly cancel, so the comparison is over all of
         // them at once: the fused model is as close to the all-f32 one as the composed model.
         let (a, b) = (mobilenet(true), mobilenet(false));
@@ -439,7 +442,7 @@ fn fused_models_equal_the_composed_ones() {
             for (i, (ours, theirs)) in a.into_iter().zip(b).enumerate() {
                 let err = relative(ours, theirs);
                 assert!(
-                    err <= 1e-4,
+                    err <= 2e-4,
                     "MobileNet {name}: part {i}: relative error {err}"
                 );
             }
