@@ -302,10 +302,9 @@ impl ModelBackend for burn::backend::Flex {
             .or_else(|| flex::depthwise_conv(&x, &weight, &options));
         match direct {
             Some(out) => out,
-            None => {
-                let weight = cast_prim::<Self>(weight, x.dtype());
+            None => flex::in_f32([x, weight], |[x, weight]| {
                 <Self as burn::tensor::ops::ModuleOps<Self>>::conv2d(x, weight, None, options)
-            }
+            }),
         }
     }
 
@@ -319,7 +318,9 @@ impl ModelBackend for burn::backend::Flex {
             .or_else(|x| flex::depthwise_x_backward(x, &weight, &dz, &options));
         match direct {
             Ok(dx) => dx,
-            Err(x) => conv2d_x_backward_cast::<Self>(x, weight, dz, options),
+            Err(x) => flex::in_f32([x, weight, dz], |[x, weight, dz]| {
+                conv2d_x_backward_cast::<Self>(x, weight, dz, options)
+            }),
         }
     }
 
@@ -333,7 +334,15 @@ impl ModelBackend for burn::backend::Flex {
             .or_else(|| flex::depthwise_weight_backward(&x, &weight, &dz, &options));
         match direct {
             Some(dw) => dw,
-            None => conv2d_weight_backward_cast::<Self>(x, weight, dz, options),
+            None => {
+                let master = weight.dtype();
+                let dw = flex::in_f32([x, weight, dz], |[x, weight, dz]| {
+                    <Self as burn::tensor::ops::ModuleOps<Self>>::conv2d_weight_backward(
+                        x, weight, dz, options,
+                    )
+                });
+                flex::convert(dw, master)
+            }
         }
     }
 

@@ -203,6 +203,22 @@ pub(crate) fn pointwise_conv(
     Some(tensor)
 }
 
+/// `op` on the first tensor's dtype, computed in f32 when that dtype is half precision: the
+/// other operands rounded to it, then all widened to f32, and the result rounded to it once.
+/// Flex's conv ops on f16 or bf16 operands multiply and add in the half type, value by value:
+/// the f16-mixed MobileNet's stem conv (forward and weight gradient) took a quarter of its
+/// step that way. Other dtypes run `op` on the operands as they are.
+pub(crate) fn in_f32<const N: usize>(
+    operands: [FlexTensor; N],
+    op: impl FnOnce([FlexTensor; N]) -> FlexTensor,
+) -> FlexTensor {
+    let dtype = operands[0].dtype();
+    if !matches!(dtype, DType::F16 | DType::BF16) {
+        return op(operands);
+    }
+    convert(op(operands.map(|t| widened(convert(t, dtype)))), dtype)
+}
+
 /// `t` as f32: itself, or a contiguous widened copy.
 fn widened(t: FlexTensor) -> FlexTensor {
     match t.dtype() {

@@ -206,8 +206,10 @@ fn half_linear_input_grad_equals_the_generic_path() {
 
 /// The CPU's direct depthwise and pointwise convs (forward, input gradient, weight gradient)
 /// against Flex's own ops, in f32 to rounding of the sums' order and in f16/bf16 as close to
-/// the f32 result of the same operands as Flex's, give or take one rounding of the type; strides 1 and 2, odd and even sides, and a dilated conv that the direct
-/// kernels do not cover (taken by Flex's ops, bit for bit).
+/// the f32 result of the same operands as Flex's, give or take one rounding of the type;
+/// strides 1 and 2, odd and even sides, and a dilated conv that the direct kernels do not
+/// cover (taken by Flex's ops: bit for bit in f32, and for half operands Flex's f32 op on
+/// them widened, rounded once).
 #[test]
 fn direct_depthwise_and_pointwise_convs_equal_flexs() {
     use burn::tensor::ops::{ConvOptions, ModuleOps};
@@ -321,8 +323,13 @@ fn direct_depthwise_and_pointwise_convs_equal_flexs() {
                 assert_eq!(ours.dtype(), dtype, "{what}");
                 assert_eq!(ours.dims(), theirs.dims(), "{what}");
                 match (dilation, dtype) {
-                    // Not covered: Flex's own op.
-                    (2, _) => assert_eq!(relative(ours, theirs), 0.0, "{what}"),
+                    // Not covered: Flex's own op, in f32 ...
+                    (2, DType::F32) => assert_eq!(relative(ours, theirs), 0.0, "{what}"),
+                    // ... and for half operands, on them widened, rounded once.
+                    (2, half) => {
+                        let rounded = exact.cast(half).cast(DType::F32);
+                        assert_eq!(relative(ours, rounded), 0.0, "{what}");
+                    }
                     (_, DType::F32) => {
                         let err = relative(ours, theirs);
                         assert!(err <= 1e-5, "{what}: relative error {err}");

@@ -163,7 +163,8 @@ fn conv_bn_relu_equals_the_composed_layers() {
                 )
             };
             let (a, b) = (run(true), run(false));
-            let direct = groups > 1 || k == 1 || p.batch_norm == DType::F32;
+            let half = p.compute != DType::F32;
+            let direct = groups > 1 || k == 1 || p.batch_norm == DType::F32 || half;
             let check = |part: &str, x: Tensor<Flex, 1>, y: Tensor<Flex, 1>| {
                 let part = format!("{what}: {part}");
                 match direct {
@@ -422,6 +423,11 @@ fn fused_models_equal_the_composed_ones() {
             let params = grad_list(&m, &grads);
             (y.inner(), params)
         };
+        // Batch norm in f16 over 2 images (8 values per channel in the last layers) is as far
+        // from f32 as noise (both models ~100% off in ‖·‖, fused or not): a rounding that
+        // differs at the stem, whose half conv the CPU computes in f32 and Flex in f16, moves
+        // every later layer. That policy is compared layer by layer
+        // (`conv_bn_relu_equals_the_composed_layers`), not here.
         // The CPU's direct depthwise and pointwise convs sum in another order than Flex's, and
         // its batch norm sums each channel's statistics in f64 (Flex: a mean of means in
         // f32): in f32 equal to rounding, which 27 layers of batch norm over 2 images (8
@@ -446,7 +452,7 @@ fn fused_models_equal_the_composed_ones() {
                     "MobileNet {name}: part {i}: relative error {err}"
                 );
             }
-        } else {
+        } else if p.batch_norm == DType::F32 {
             let exact = all(mobilenet_f32(&x));
             let (ours, theirs) = (l2_error(&a, &exact), l2_error(&b, &exact));
             assert!(
