@@ -36,13 +36,12 @@ pub(crate) fn bn_relu_forward(
     let ok = supported(z)
         && dims.len() == 4
         && z.layout().is_contiguous()
-        && [gamma, beta].iter().all(|v| {
-            v.dtype() == DType::F32
-                && v.layout().is_contiguous()
-                && v.layout().shape().to_vec() == [dims[1]]
-        });
+        && per_channel(&[gamma, beta], dims[1]);
+    if !ok {
+        return None;
+    }
     let (n, c, plane) = (dims[0], dims[1], dims[2] * dims[3]);
-    if !ok || n * c * plane == 0 {
+    if n * c * plane == 0 {
         return None;
     }
     let [gamma, beta] = [gamma, beta].map(|v| values(v, 0, c).into_owned());
@@ -109,13 +108,12 @@ pub(crate) fn bn_relu_backward(
         && dout.layout().shape().to_vec() == dims
         && z.layout().is_contiguous()
         && dout.layout().is_contiguous()
-        && vectors.iter().all(|v| {
-            v.dtype() == DType::F32
-                && v.layout().is_contiguous()
-                && v.layout().shape().to_vec() == [dims[1]]
-        });
+        && per_channel(&vectors, dims[1]);
+    if !ok {
+        return None;
+    }
     let (n, c, plane) = (dims[0], dims[1], dims[2] * dims[3]);
-    if !ok || n * c * plane == 0 {
+    if n * c * plane == 0 {
         return None;
     }
     let [gamma, beta, mean, rstd] = vectors.map(|v| values(v, 0, c).into_owned());
@@ -204,6 +202,15 @@ impl Channel {
             dy[i] = pass_where(dy[i], dout[i]);
         }
     }
+}
+
+/// Whether every vector is a contiguous f32 `[channels]`.
+fn per_channel(vectors: &[&FlexTensor], channels: usize) -> bool {
+    vectors.iter().all(|v| {
+        v.dtype() == DType::F32
+            && v.layout().is_contiguous()
+            && v.layout().shape().to_vec() == [channels]
+    })
 }
 
 /// `v` where `y > 0` (or `y` is NaN, which Burn's ReLU passes), else 0: as a bit mask, which

@@ -139,6 +139,29 @@ struct Scratch {
 /// each place's eight values are written (or read) as one contiguous run.
 const BLOCK: usize = 8;
 
+/// `f(channels-last index, planes index)` for every value of `[c, rows, cols]` planes and its
+/// place at row and column `pad` of a `[.., pitch, c]` layout, eight channels at a time.
+fn each_place(
+    (c, rows, cols): (usize, usize, usize),
+    pad: usize,
+    pitch: usize,
+    mut f: impl FnMut(usize, usize),
+) {
+    let plane = rows * cols;
+    for c0 in (0..c).step_by(BLOCK) {
+        let width = BLOCK.min(c - c0);
+        for r in 0..rows {
+            let base = ((r + pad) * pitch + pad) * c + c0;
+            for x in 0..cols {
+                let (last, planes) = (base + x * c, c0 * plane + r * cols + x);
+                for j in 0..width {
+                    f(last + j, planes + j * plane);
+                }
+            }
+        }
+    }
+}
+
 /// `planes [c, rows, cols]` into `dst [.., pitch, c]` at row and column `pad` (the places
 /// around them are not written).
 fn to_channels_last(
@@ -148,20 +171,10 @@ fn to_channels_last(
     pitch: usize,
     dst: &mut [f32],
 ) {
-    let plane = rows * cols;
-    let c = planes.len() / plane.max(1);
-    for c0 in (0..c).step_by(BLOCK) {
-        let width = BLOCK.min(c - c0);
-        for r in 0..rows {
-            let base = ((r + pad) * pitch + pad) * c + c0;
-            for x in 0..cols {
-                let (at, src) = (base + x * c, c0 * plane + r * cols + x);
-                for (j, d) in dst[at..at + width].iter_mut().enumerate() {
-                    *d = planes[src + j * plane];
-                }
-            }
-        }
-    }
+    let c = planes.len() / (rows * cols).max(1);
+    each_place((c, rows, cols), pad, pitch, |last, at| {
+        dst[last] = planes[at]
+    });
 }
 
 /// The inverse of [`to_channels_last`]: `src [.., pitch, c]` from row and column `pad` into
@@ -173,20 +186,10 @@ fn from_channels_last(
     pitch: usize,
     planes: &mut [f32],
 ) {
-    let plane = rows * cols;
-    let c = planes.len() / plane.max(1);
-    for c0 in (0..c).step_by(BLOCK) {
-        let width = BLOCK.min(c - c0);
-        for r in 0..rows {
-            let base = ((r + pad) * pitch + pad) * c + c0;
-            for x in 0..cols {
-                let (at, dst) = (base + x * c, c0 * plane + r * cols + x);
-                for (j, &v) in src[at..at + width].iter().enumerate() {
-                    planes[dst + j * plane] = v;
-                }
-            }
-        }
-    }
+    let c = planes.len() / (rows * cols).max(1);
+    each_place((c, rows, cols), pad, pitch, |last, at| {
+        planes[at] = src[last]
+    });
 }
 
 /// Depthwise conv forward (no bias).

@@ -125,7 +125,8 @@ fn add_matmul_equals_matmul_then_add() {
 
 /// The pointwise conv (positions on gemm's left) equals Flex's 1×1 conv: f32 to rounding of the
 /// sum's order, f16 and bf16 to one unit in the last place of the half result; a 3×3 conv
-/// takes Flex's own path, bit for bit.
+/// takes Flex's own path, bit for bit (for half operands: its f32 conv of them widened,
+/// rounded once).
 #[test]
 fn pointwise_conv_equals_flexs_conv() {
     use burn::tensor::module::conv2d;
@@ -142,7 +143,15 @@ fn pointwise_conv_equals_flexs_conv() {
         let w = Tensor::<Flex, 4>::random(ws, Distribution::Normal(0.0, 0.3), &device);
         for (dtype, tolerance) in [(DType::F32, 1e-6), (DType::F16, 1e-3), (DType::BF16, 8e-3)] {
             let (x, w) = (x.clone().cast(dtype), w.clone().cast(dtype));
-            let want = conv2d(x.clone(), w.clone(), None, options(pad));
+            let want = match (pad, dtype) {
+                // Not covered, in half precision: Flex's f32 conv of the operands widened,
+                // rounded once.
+                (1, DType::F16 | DType::BF16) => {
+                    let wide = |t: &Tensor<Flex, 4>| t.clone().cast(DType::F32);
+                    conv2d(wide(&x), wide(&w), None, options(pad)).cast(dtype)
+                }
+                _ => conv2d(x.clone(), w.clone(), None, options(pad)),
+            };
             let ours = <Flex as ModelBackend>::float_conv2d(
                 x.into_primitive().tensor(),
                 w.into_primitive().tensor(),
