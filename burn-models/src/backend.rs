@@ -134,8 +134,7 @@ pub trait ModelBackend: Backend {
         work: DType,
         epsilon: f64,
     ) -> [FloatTensor<Self>; 4] {
-        let f = batch_norm::forward::<Self>(z, gamma, beta, work, epsilon);
-        [Self::relu(f.output), f.mean, f.var, f.rstd]
+        batch_norm::forward_relu::<Self>(z, gamma, beta, work, epsilon)
     }
 
     /// The gradients `[dz, dγ, dβ]` of training-mode batch norm followed by a ReLU, from batch
@@ -357,11 +356,7 @@ impl ModelBackend for burn::backend::Flex {
             DType::F32 => flex::bn_relu_forward(&z, &gamma, &beta, epsilon),
             _ => None,
         };
-        direct.unwrap_or_else(|| {
-            let f = batch_norm::forward::<Self>(z, gamma, beta, work, epsilon);
-            let output = <Self as burn::tensor::ops::ActivationOps<Self>>::relu(f.output);
-            [output, f.mean, f.var, f.rstd]
-        })
+        direct.unwrap_or_else(|| batch_norm::forward_relu::<Self>(z, gamma, beta, work, epsilon))
     }
 
     fn bn_relu_backward(

@@ -128,6 +128,19 @@ pub(crate) fn forward<B: ModelBackend>(
     }
 }
 
+/// [`forward`] followed by a ReLU, as `[output, mean, var, rstd]`: the composed form of
+/// [`ModelBackend::bn_relu_forward`].
+pub(crate) fn forward_relu<B: ModelBackend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    work: DType,
+    epsilon: f64,
+) -> [FloatTensor<B>; 4] {
+    let f = forward::<B>(x, gamma, beta, work, epsilon);
+    [B::relu(f.output), f.mean, f.var, f.rstd]
+}
+
 /// `centered · (r·γ) + β`, the last step of the forward pass. One function, so a fused op
 /// that recomputes the output in backward (to rebuild a ReLU's mask) gets the very same bits.
 fn scale_shift<B: ModelBackend>(
