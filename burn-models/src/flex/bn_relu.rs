@@ -1,201 +1,245 @@
 //! The fused conv → batch norm → ReLU block's batch norm and ReLU on the CPU, with batch norm
-//! computed in f32, forward and backward, in a few passes over the activation.
+//! computed in f32, forward and backward, in a few passes over a
+//! [channels-last](super::channels_last) activation, seen as `[rows, c]` (`rows = n·h·w`).
 //!
 //! ```text
-//! forward   pass 1 (per channel)  μ = mean(z)   σ² = mean((z − μ)²)   r = 1/√(σ² + ε)
-//!           pass 2 (per plane)    out = relu((z − μ)·(r·γ) + β)            rounded to z's dtype
-//! backward  pass 1 (per channel)  y as forward made it   dy = dout·[y > 0]   Σ dy,  Σ dy·x̂
-//!           pass 2 (per plane)    dz = γ·r·(dy − mean(dy) − x̂·mean(dy·x̂))  rounded to z's dtype
+//! forward   pass 1 (down the rows)  μ = mean(z)   σ² = mean((z − μ)²)   r = 1/√(σ² + ε)
+//!           pass 2 (row by row)     out = relu((z − μ)·(r·γ) + β)          rounded to z's dtype
+//! backward  pass 1 (down the rows)  y as forward made it   dy = dout·[y > 0]   Σ dy,  Σ dy·x̂
+//!           pass 2 (row by row)     dz = γ·r·(dy − mean(dy) − x̂·mean(dy·x̂))  rounded to z's dtype
 //! ```
 //! Composed from Flex's tensor ops, forward made the cast, the centred input, its square, the
 //! scaled and shifted output and the ReLU as whole tensors, one pass each; backward widened an
 //! f16 input and its gradient to f32 and made x̂, the mask and the products as whole f32
 //! tensors (four f32 copies of the activation at backward's busiest moment). Here a task
-//! holds a few planes: nothing larger than the result is made. Per-plane sums run in eight
-//! f32 lanes and the planes' sums in f64; masks are bit masks, not branches (a ReLU's mask is
-//! a coin flip per value for the branch predictor).
+//! holds [a few rows](task_rows): nothing larger than the result is made. Every pass runs along
+//! rows of channels, so each statement is a vector across channels; the per-channel sums add
+//! `SPAN` rows in f32, and those partial sums in f64, in an order fixed by the shape alone.
+//! Masks are bit masks, not branches (a ReLU's mask is a coin flip per value for the branch
+//! predictor).
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::DType;
 use rayon::prelude::*;
 
-use super::values::{build, lane_sum, round_through, stored, supported, values, values_in};
+use super::channels_last::{channels_last, dims4, relabel};
+use super::values::{build, round_through, stored, supported, task_rows, values, values_in};
+
+/// Rows summed in f32 before the sum joins the f64 total.
+const SPAN: usize = 64;
 
 /// `[relu(BN(z)), μ, σ², 1/√(σ² + ε)]` for a `[n, c, h, w]` `z` (f32, f16 or bf16) with f32
-/// `gamma` and `beta`, batch norm computed in f32: the output in `z`'s dtype, the statistics
-/// `[c]` in f32 (σ² biased, as training-mode batch norm normalises with it). The output is
-/// `(z − μ)·(r·γ) + β` evaluated as [`Channel::grads`] re-evaluates it for the ReLU's mask.
-/// `None` for anything else: the caller takes the composed path.
+/// `gamma` and `beta`, batch norm computed in f32: the output in `z`'s dtype, channels last,
+/// the statistics `[c]` in f32 (σ² biased, as training-mode batch norm normalises with it).
+/// The output is `(z − μ)·(r·γ) + β` evaluated as [`Rows::grads`] re-evaluates it for the
+/// ReLU's mask. `None` for anything else: the caller takes the composed path.
 pub(crate) fn bn_relu_forward(
     z: &FlexTensor,
     gamma: &FlexTensor,
     beta: &FlexTensor,
     epsilon: f64,
 ) -> Option<[FlexTensor; 4]> {
-    let dims = z.layout().shape().to_vec();
-    let ok = supported(z)
-        && dims.len() == 4
-        && z.layout().is_contiguous()
-        && per_channel(&[gamma, beta], dims[1]);
-    if !ok {
-        return None;
-    }
-    let (n, c, plane) = (dims[0], dims[1], dims[2] * dims[3]);
-    if n * c * plane == 0 {
+    let dims = dims4(z)?;
+    let c = dims[1];
+    let rows = dims[0] * dims[2] * dims[3];
+    if !(supported(z) && per_channel(&[gamma, beta], c)) || rows * c == 0 {
         return None;
     }
     let [gamma, beta] = [gamma, beta].map(|v| values(v, 0, c).into_owned());
-    let count = (n * plane) as f64;
+    let z = channels_last(z);
+    let count = rows as f64;
 
-    // Pass 1: each channel's mean, then the mean of squares about it, summed in f64.
-    let stats: Vec<(f32, f32)> = (0..c)
-        .into_par_iter()
-        .map_init(Vec::new, |wide, ch| {
-            let planes = |wide: &mut Vec<f32>, f: &mut dyn FnMut(&[f32])| {
-                for img in 0..n {
-                    f(values_in(z, (img * c + ch) * plane, plane, wide));
-                }
-            };
-            // Each plane summed in f32 lanes, the planes' sums in f64.
-            let mut sum = 0f64;
-            planes(wide, &mut |v| sum += lane_sum(v.len(), |i| v[i]) as f64);
-            let mean = (sum / count) as f32;
-            let mut squares = 0f64;
-            planes(wide, &mut |v| {
-                squares += lane_sum(v.len(), |i| (v[i] - mean) * (v[i] - mean)) as f64;
-            });
-            (mean, (squares / count) as f32)
-        })
-        .collect();
-    let rstd: Vec<f32> = stats
-        .iter()
-        .map(|&(_, var)| 1.0 / (var + epsilon as f32).sqrt())
-        .collect();
-
-    // Pass 2: each plane normalised, scaled, shifted and rectified, rounded once.
-    let out = build(dims, n * c, plane, z.dtype(), Vec::new, |wide, p, out| {
-        let ch = p % c;
-        let input = values_in(z, p * plane, plane, wide);
-        let (mean, scale, shift) = (stats[ch].0, rstd[ch] * gamma[ch], beta[ch]);
-        for (o, &x) in out.iter_mut().zip(input.iter()) {
-            let y = (x - mean) * scale + shift;
-            *o = pass_where(y, y);
+    // Pass 1: each channel's mean, then the mean of squares about it.
+    let sum = column_sums::<1, ()>(&z, (rows, c), |_, _, run, acc| {
+        for row in run.chunks_exact(c) {
+            for j in 0..c {
+                acc[j] += row[j];
+            }
         }
     });
+    let mean: Vec<f32> = sum.iter().map(|s| (s[0] / count) as f32).collect();
+    let squares = column_sums::<1, ()>(&z, (rows, c), |_, _, run, acc| {
+        for row in run.chunks_exact(c) {
+            for j in 0..c {
+                let d = row[j] - mean[j];
+                acc[j] += d * d;
+            }
+        }
+    });
+    let var: Vec<f32> = squares.iter().map(|s| (s[0] / count) as f32).collect();
+    let rstd: Vec<f32> = var
+        .iter()
+        .map(|v| 1.0 / (v + epsilon as f32).sqrt())
+        .collect();
+    let scale: Vec<f32> = rstd.iter().zip(&gamma).map(|(r, g)| r * g).collect();
+
+    // Pass 2: each row normalised, scaled, shifted and rectified, rounded once.
+    let per = task_rows(c);
+    let out = build(
+        dims.to_vec(),
+        per * c,
+        z.dtype(),
+        Vec::new,
+        |wide, i, out| {
+            let input = values_in(&z, i * per * c, out.len(), wide);
+            for (o, x) in out.chunks_exact_mut(c).zip(input.chunks_exact(c)) {
+                for j in 0..c {
+                    let y = (x[j] - mean[j]) * scale[j] + beta[j];
+                    o[j] = pass_where(y, y);
+                }
+            }
+        },
+    );
     let vector = |v: Vec<f32>| stored(v, vec![c], DType::F32);
-    Some([
-        out,
-        vector(stats.iter().map(|s| s.0).collect()),
-        vector(stats.iter().map(|s| s.1).collect()),
-        vector(rstd),
-    ])
+    Some([relabel(out, dims), vector(mean), vector(var), vector(rstd)])
 }
 
 /// `[dz, dγ, dβ]` for a `[n, c, h, w]` `z` (f32, f16 or bf16: the conv output batch norm
 /// normalised) and `dout` (the ReLU output's gradient, same dtype), with f32 `gamma`, `beta`
-/// and the saved f32 per-channel `mean` and `rstd`. `None` for anything else (strided
-/// activations, other dtypes or shapes): the caller takes the composed path.
+/// and the saved f32 per-channel `mean` and `rstd`; `dz` channels last. `None` for anything
+/// else (other dtypes or shapes): the caller takes the composed path.
 pub(crate) fn bn_relu_backward(
     z: &FlexTensor,
     dout: &FlexTensor,
     [gamma, beta, mean, rstd]: [&FlexTensor; 4],
 ) -> Option<[FlexTensor; 3]> {
-    let dims = z.layout().shape().to_vec();
+    let dims = dims4(z)?;
+    let c = dims[1];
+    let rows = dims[0] * dims[2] * dims[3];
     let vectors = [gamma, beta, mean, rstd];
     let ok = supported(z)
-        && dims.len() == 4
         && dout.dtype() == z.dtype()
-        && dout.layout().shape().to_vec() == dims
-        && z.layout().is_contiguous()
-        && dout.layout().is_contiguous()
-        && per_channel(&vectors, dims[1]);
-    if !ok {
-        return None;
-    }
-    let (n, c, plane) = (dims[0], dims[1], dims[2] * dims[3]);
-    if n * c * plane == 0 {
+        && dims4(dout) == Some(dims)
+        && per_channel(&vectors, c);
+    if !ok || rows * c == 0 {
         return None;
     }
     let [gamma, beta, mean, rstd] = vectors.map(|v| values(v, 0, c).into_owned());
-    let channel = |ch: usize| Channel {
-        mean: mean[ch],
-        rstd: rstd[ch],
-        scale: rstd[ch] * gamma[ch],
-        beta: beta[ch],
+    let (z, dout) = (channels_last(z), channels_last(dout));
+    let scale: Vec<f32> = rstd.iter().zip(&gamma).map(|(r, g)| r * g).collect();
+    let at = Rows {
+        mean: &mean,
+        rstd: &rstd,
+        scale: &scale,
+        beta: &beta,
         dtype: z.dtype(),
     };
 
-    // Pass 1: Σ dy and Σ dy·x̂ per channel: each plane in f32 lanes, the planes in f64.
-    let sums: Vec<(f64, f64)> = (0..c)
-        .into_par_iter()
-        .map_init(
-            || [(); 4].map(|_| vec![0f32; plane]),
-            |[zs, ds, dy, xhat], ch| {
-                let (mut s_dy, mut s_dyx) = (0f64, 0f64);
-                for img in 0..n {
-                    let at = (img * c + ch) * plane;
-                    let (z, dout) = (values_in(z, at, plane, zs), values_in(dout, at, plane, ds));
-                    channel(ch).grads(z, dout, dy, xhat);
-                    s_dy += lane_sum(plane, |i| dy[i]) as f64;
-                    s_dyx += lane_sum(plane, |i| dy[i] * xhat[i]) as f64;
-                }
-                (s_dy, s_dyx)
-            },
-        )
-        .collect();
-    let count = (n * plane) as f64;
+    // Pass 1: Σ dy and Σ dy·x̂ per channel.
+    let sums = column_sums::<2, [Vec<f32>; 3]>(&z, (rows, c), |[ds, dy, xhat], r0, zs, acc| {
+        let len = zs.len();
+        dy.resize(len, 0.0);
+        xhat.resize(len, 0.0);
+        at.grads(zs, values_in(&dout, r0 * c, len, ds), dy, xhat);
+        for (dy, xhat) in dy.chunks_exact(c).zip(xhat.chunks_exact(c)) {
+            for j in 0..c {
+                acc[j] += dy[j];
+                acc[c + j] += dy[j] * xhat[j];
+            }
+        }
+    });
+    let count = rows as f64;
+    let mean_dy: Vec<f32> = sums.iter().map(|s| (s[0] / count) as f32).collect();
+    let mean_dyx: Vec<f32> = sums.iter().map(|s| (s[1] / count) as f32).collect();
 
-    // Pass 2: each plane's dz, rounded once into z's dtype.
-    let scratch = || [(); 4].map(|_| vec![0f32; plane]);
+    // Pass 2: each row's dz, rounded once into z's dtype.
+    let scratch = || [(); 4].map(|_| Vec::new());
+    let per = task_rows(c);
     let dz = build(
-        dims.clone(),
-        n * c,
-        plane,
+        dims.to_vec(),
+        per * c,
         z.dtype(),
         scratch,
-        |[zs, ds, dy, xhat], p, out| {
-            let ch = p % c;
+        |[zs, ds, dy, xhat], i, out| {
+            let len = out.len();
             let (zs, ds) = (
-                values_in(z, p * plane, plane, zs),
-                values_in(dout, p * plane, plane, ds),
+                values_in(&z, i * per * c, len, zs),
+                values_in(&dout, i * per * c, len, ds),
             );
-            let (mean_dy, mean_dyx) = ((sums[ch].0 / count) as f32, (sums[ch].1 / count) as f32);
-            let scale = gamma[ch] * rstd[ch];
-            channel(ch).grads(zs, ds, dy, xhat);
-            for i in 0..plane {
-                out[i] = (dy[i] - mean_dy - xhat[i] * mean_dyx) * scale;
+            dy.resize(len, 0.0);
+            xhat.resize(len, 0.0);
+            at.grads(zs, ds, dy, xhat);
+            let rows = out.chunks_exact_mut(c).zip(dy.chunks_exact(c));
+            for ((o, dy), xhat) in rows.zip(xhat.chunks_exact(c)) {
+                for j in 0..c {
+                    o[j] = (dy[j] - mean_dy[j] - xhat[j] * mean_dyx[j]) * scale[j];
+                }
             }
         },
     );
-    let vector = |f: fn(&(f64, f64)) -> f64| {
-        let v = sums.iter().map(|s| f(s) as f32).collect();
+    let vector = |k: usize| {
+        let v = sums.iter().map(|s| s[k] as f32).collect();
         stored(v, vec![c], DType::F32)
     };
-    Some([dz, vector(|s| s.1), vector(|s| s.0)])
+    Some([relabel(dz, dims), vector(1), vector(0)])
 }
 
-/// One channel's saved statistics and parameters.
-struct Channel {
-    mean: f32,
-    rstd: f32,
-    /// r·γ, as forward's `scale_shift` multiplied it.
-    scale: f32,
-    beta: f32,
+/// Per-channel sums down a channels-last `[rows, c]` tensor: `add(scratch, first row, rows'
+/// values, acc)` adds a run of at most `SPAN` rows (widened to f32) into `acc` (`[K·c]` zeros:
+/// `K` sums per channel), with a scratch `S` per rayon task; each run's sums are added in
+/// f64, runs in row order. Returns `[c][K]` f64 sums.
+fn column_sums<const K: usize, S: Default>(
+    z: &FlexTensor,
+    (rows, c): (usize, usize),
+    add: impl Fn(&mut S, usize, &[f32], &mut [f32]) + Sync,
+) -> Vec<[f64; K]> {
+    let per = task_rows(c);
+    let tasks: Vec<Vec<f64>> = (0..rows.div_ceil(per))
+        .into_par_iter()
+        .map_init(
+            || (S::default(), Vec::new(), vec![0f32; K * c]),
+            |(scratch, wide, acc), t| {
+                let mut total = vec![0f64; K * c];
+                let end = ((t + 1) * per).min(rows);
+                for r0 in (t * per..end).step_by(SPAN) {
+                    let len = SPAN.min(end - r0);
+                    acc.fill(0.0);
+                    add(scratch, r0, values_in(z, r0 * c, len * c, wide), acc);
+                    total
+                        .iter_mut()
+                        .zip(acc.iter())
+                        .for_each(|(t, &a)| *t += a as f64);
+                }
+                total
+            },
+        )
+        .collect();
+    let mut sums = vec![[0f64; K]; c];
+    for total in &tasks {
+        for (j, s) in sums.iter_mut().enumerate() {
+            for (k, v) in s.iter_mut().enumerate() {
+                *v += total[k * c + j];
+            }
+        }
+    }
+    sums
+}
+
+/// The saved statistics and parameters, per channel.
+struct Rows<'a> {
+    mean: &'a [f32],
+    rstd: &'a [f32],
+    /// r·γ, as forward multiplied it.
+    scale: &'a [f32],
+    beta: &'a [f32],
     /// The activations' dtype, which forward rounded y to.
     dtype: DType,
 }
 
-impl Channel {
+impl Rows<'_> {
     /// The gradient the ReLU passed, `dy` (Burn's `relu_backward` zeroes it where y ≤ 0), and
-    /// `xhat`, for a plane of `z` and its output gradient `dout`: y as forward made it,
+    /// `xhat`, for rows of `z` and their output gradient `dout`: y as forward made it,
     /// (z − μ)·(r·γ) + β in f32 rounded to the activations' dtype.
     fn grads(&self, z: &[f32], dout: &[f32], dy: &mut [f32], xhat: &mut [f32]) {
-        let len = z.len();
+        let (len, c) = (z.len(), self.mean.len());
         let (dout, dy, xhat) = (&dout[..len], &mut dy[..len], &mut xhat[..len]);
-        for i in 0..len {
-            let centered = z[i] - self.mean;
-            dy[i] = centered * self.scale + self.beta;
-            xhat[i] = centered * self.rstd;
+        let rows = z.chunks_exact(c).zip(dy.chunks_exact_mut(c));
+        for ((z, dy), xhat) in rows.zip(xhat.chunks_exact_mut(c)) {
+            for j in 0..c {
+                let centered = z[j] - self.mean[j];
+                dy[j] = centered * self.scale[j] + self.beta[j];
+                xhat[j] = centered * self.rstd[j];
+            }
         }
         round_through(dy, self.dtype);
         for i in 0..len {

@@ -20,9 +20,12 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{bf16, f16, Bytes, DType, Shape};
 use rayon::prelude::*;
 
+use super::channels_last::{channels_last, relabel};
 use super::gemm_f32;
 use super::half_slices::Half;
-use super::values::{round_through, stored, supported, values, widen_into};
+use super::values::{
+    build, round_through, stored, supported, task_rows, values, values_in, widen_into,
+};
 
 /// Whether a backward kernel takes `weight` for a conv computed in `dtype`: the weight in that
 /// dtype, or its f32 master copy, which forward rounded to `dtype` (the kernels round it as
@@ -102,42 +105,149 @@ fn pointwise(
     fits.then_some(dims)
 }
 
-/// Pointwise conv forward on half-precision `x [n, k, s]`: `outᵢ [m, s] = W [m, k] · xᵢ [k, s]`
-/// with the weight (in `x`'s dtype or its f32 master copy) widened and rounded a band of output
-/// channels at a time, each band shared by every image's task, so neither a half nor a widened
-/// copy of the whole weight exists. Each image is widened by the task that reads it.
-pub(super) fn pointwise_half(
-    x: &FlexTensor,
-    weight: &FlexTensor,
-    (n, k, m, s): (usize, usize, usize, usize),
-    shape: Shape,
-) -> FlexTensor {
-    let dtype = x.dtype();
-    let band = (WEIGHT_BAND / k).clamp(1, m);
-    let make = |m0: usize, rows: usize, run: &mut dyn FnMut(&BandTask<'_>)| {
-        let wt = weight_values(weight, dtype, m0 * k, rows * k);
-        run(&|i, out| {
-            let input = values(x, i * k * s, k * s);
-            gemm_f32((rows, s, k), out, false, &wt, (k, 1), &input, (s, 1), false);
-        });
-    };
-    let bytes = match dtype {
-        DType::BF16 => banded(bf16::ZERO, bf16::narrow, (n, m, s), band, &make),
-        _ => banded(f16::ZERO, f16::narrow, (n, m, s), band, &make),
-    };
-    FlexTensor::new(bytes, Layout::contiguous(shape), dtype)
-}
-
-/// Weight elements read for a band of the input gradient's channels: 64 KiB of f32.
+/// Weight elements read for a band of output columns when the weight must be widened or
+/// rounded: 64 KiB of f32, so no widened copy of a whole weight exists.
 const WEIGHT_BAND: usize = 1 << 14;
 
-/// Pointwise conv input gradient: `dxᵢ [k, s] = Wᵀ [k, m] · dzᵢ [m, s]`, an image per task.
+/// A band of the right-hand matrix: its f32 values and their (row, column) strides.
+type Band<'a> = (Cow<'a, [f32]>, (usize, usize));
+
+/// `a [rows, inner] · B [inner, cols]` for a channels-last `a` (f32 or half, widened
+/// [a few rows](task_rows) per rayon task), the result in `a`'s dtype and channels last,
+/// made `band` columns of `B` at a time: `band_of(c0, width)` gives columns `c0..c0 + width`.
+fn rows_times<'w>(
+    a: &FlexTensor,
+    (rows, inner, cols): (usize, usize, usize),
+    band: usize,
+    band_of: impl Fn(usize, usize) -> Band<'w>,
+    dims: [usize; 4],
+) -> FlexTensor {
+    let lhs = Rows {
+        a,
+        inner,
+        per: task_rows(inner.max(cols)),
+    };
+    if band >= cols && a.dtype() == DType::F32 {
+        let b = band_of(0, cols);
+        let out = build(
+            dims.to_vec(),
+            lhs.per * cols,
+            DType::F32,
+            Vec::new,
+            |wide, i, dst| lhs.times(&b, cols, i, wide, dst),
+        );
+        return relabel(out, dims);
+    }
+    let shape = (rows * cols, cols, band);
+    let bytes = match a.dtype() {
+        DType::F16 => banded(f16::ZERO, f16::narrow, shape, &lhs, band_of),
+        DType::BF16 => banded(bf16::ZERO, bf16::narrow, shape, &lhs, band_of),
+        _ => banded(0f32, |s, d| d.copy_from_slice(s), shape, &lhs, band_of),
+    };
+    relabel(
+        FlexTensor::new(bytes, Layout::contiguous(Shape::new(dims)), a.dtype()),
+        dims,
+    )
+}
+
+/// [`rows_times`]'s values, a band of `B`'s columns at a time: each task's rows times the
+/// band in f32, rounded into the band's columns.
+fn banded<'w, H: bytemuck::Pod + Send + Sync + burn::tensor::Element>(
+    zero: H,
+    narrow: fn(&[f32], &mut [H]),
+    (len, cols, band): (usize, usize, usize),
+    lhs: &Rows<'_>,
+    band_of: impl Fn(usize, usize) -> Band<'w>,
+) -> Bytes {
+    let mut out = vec![zero; len];
+    for c0 in (0..cols).step_by(band) {
+        let width = band.min(cols - c0);
+        let b = band_of(c0, width);
+        out.par_chunks_mut(lhs.per * cols)
+            .enumerate()
+            .for_each_init(
+                || (vec![0f32; lhs.per * width], Vec::new()),
+                |(buf, wide), (i, o)| {
+                    let buf = &mut buf[..o.len() / cols * width];
+                    lhs.times(&b, width, i, wide, buf);
+                    for (src, dst) in buf.chunks_exact(width).zip(o.chunks_exact_mut(cols)) {
+                        narrow(src, &mut dst[c0..c0 + width]);
+                    }
+                },
+            );
+    }
+    Bytes::from_elems(out)
+}
+
+/// The rows of a channels-last activation `a [rows, inner]` (f32 or half) in chunks of
+/// `per`, as [`rows_times`] multiplies them.
+struct Rows<'a> {
+    a: &'a FlexTensor,
+    inner: usize,
+    per: usize,
+}
+
+impl Rows<'_> {
+    /// `dst [n, width] = a[chunk i's n rows] · b` (`b` an f32 `[inner, width]` band).
+    fn times(
+        &self,
+        (b, strides): &Band<'_>,
+        width: usize,
+        i: usize,
+        wide: &mut Vec<f32>,
+        dst: &mut [f32],
+    ) {
+        let (n, inner) = (dst.len() / width, self.inner);
+        let lhs = values_in(self.a, i * self.per * inner, n * inner, wide);
+        gemm_f32(
+            (n, width, inner),
+            dst,
+            false,
+            lhs,
+            (inner, 1),
+            b,
+            *strides,
+            false,
+        );
+    }
+}
+
+/// Columns of `B` per band: all of them when the weight is read in place (an f32 weight of
+/// an f32 conv), else `WEIGHT_BAND` elements' worth.
+fn band(weight: &FlexTensor, dtype: DType, (inner, cols): (usize, usize)) -> usize {
+    match weight.dtype() == dtype && dtype == DType::F32 {
+        true => cols,
+        false => (WEIGHT_BAND / inner).clamp(1, cols),
+    }
+}
+
+/// A pointwise convolution — `weight [m, k, 1, 1]` over `x [n, k, h, w]`, stride 1, no
+/// padding, one group, no bias — on [channels-last](super::channels_last) activations: one
+/// product `out [n·h·w, m] = x [n·h·w, k] · Wᵀ` over the whole batch, [a few
+/// rows](task_rows) per rayon task. Half precision is widened a task's rows at a time and rounded once; the weight (in
+/// `x`'s dtype or its f32 master copy) is read in place when f32, else widened and rounded a
+/// band of output channels at a time. `None` for any other shape or dtype: the caller takes
+/// Flex's conv.
+pub(crate) fn pointwise_conv(
+    x: &FlexTensor,
+    weight: &FlexTensor,
+    options: &ConvOptions<2>,
+) -> Option<FlexTensor> {
+    let (n, k, m, s) = pointwise_dims(x, weight, options)?;
+    let dims = [n, m, x.layout().shape()[2], x.layout().shape()[3]];
+    let (x, weight, dtype) = (channels_last(x), weight.to_contiguous(), x.dtype());
+    // Wᵀ [k, m]: element (ci, co) at co · k + ci; a band of columns is rows of W.
+    let band_of = |c0: usize, width: usize| -> Band<'_> {
+        (weight_values(&weight, dtype, c0 * k, width * k), (1, k))
+    };
+    let band = band(&weight, dtype, (k, m));
+    Some(rows_times(&x, (n * s, k, m), band, band_of, dims))
+}
+
+/// Pointwise conv input gradient, channels last: `dx [n·h·w, k] = dz [n·h·w, m] · W`.
 ///
-/// An f32 weight for an f32 conv is read in place. Otherwise `Wᵀ` is widened (and a master
-/// copy rounded) a band of input channels at a time, each band shared by every image's task,
-/// so neither a half nor a widened copy of the whole weight exists.
-///
-/// Like [`depthwise_x_backward`], reads only the input's shape and dtype, and drops `x` first.
+/// Like [`depthwise_x_backward`](super::depthwise_x_backward), reads only the input's shape
+/// and dtype, and drops `x` first.
 pub(crate) fn pointwise_x_backward(
     x: FlexTensor,
     weight: &FlexTensor,
@@ -149,114 +259,81 @@ pub(crate) fn pointwise_x_backward(
     };
     let (dtype, shape) = (x.dtype(), x.layout().shape().to_vec());
     drop(x);
-    let (weight, dz) = (weight.to_contiguous(), dz.to_contiguous());
-    let band = match weight.dtype() == dtype && dtype == DType::F32 {
-        true => k,
-        false => (WEIGHT_BAND / m).clamp(1, k),
-    };
-    let make = |c0: usize, rows: usize, run: &mut dyn FnMut(&BandTask<'_>)| {
-        dx_band(&weight, dtype, &dz, (k, m, s), c0, rows, run)
-    };
-    let bytes = match dtype {
-        DType::F16 => banded(f16::ZERO, f16::narrow, (n, k, s), band, &make),
-        DType::BF16 => banded(bf16::ZERO, bf16::narrow, (n, k, s), band, &make),
-        _ => banded(0f32, |s, d| d.copy_from_slice(s), (n, k, s), band, &make),
-    };
-    Ok(FlexTensor::new(
-        bytes,
-        Layout::contiguous(Shape::from(shape)),
-        dtype,
-    ))
-}
-
-/// The work of one band for image `i`: fill its `[rows, s]` f32 gradient rows.
-type BandTask<'a> = dyn Fn(usize, &mut [f32]) + Sync + 'a;
-
-/// Makes one band `(first row, rows)`: prepares what the band's tasks share, then hands its
-/// per-image task to the runner.
-type BandMaker<'a> = dyn Fn(usize, usize, &mut dyn FnMut(&BandTask<'_>)) + 'a;
-
-/// A `[n, k, s]` tensor made `band` channel rows at a time: `make(c0, rows, run)` prepares
-/// what the band shares and hands `run` the per-image task that fills the band's f32 rows.
-fn banded<H: bytemuck::Pod + Send + Sync + burn::tensor::Element>(
-    zero: H,
-    narrow: fn(&[f32], &mut [H]),
-    (n, k, s): (usize, usize, usize),
-    band: usize,
-    make: &BandMaker<'_>,
-) -> Bytes {
-    let mut out = vec![zero; n * k * s];
-    for c0 in (0..k).step_by(band) {
-        let rows = band.min(k - c0);
-        make(c0, rows, &mut |task| {
-            out.par_chunks_mut(k * s).enumerate().for_each_init(
-                || vec![0f32; rows * s],
-                |buf, (i, image)| {
-                    task(i, buf);
-                    narrow(buf, &mut image[c0 * s..(c0 + rows) * s]);
-                },
-            );
-        });
-    }
-    Bytes::from_elems(out)
-}
-
-/// One band of the pointwise input gradient: `Wᵀ` rows `c0..c0 + rows` (read in place, or
-/// widened and rounded to `dtype`), then `dxᵢ[band] = Wᵀ[band] · dzᵢ` per image.
-fn dx_band(
-    weight: &FlexTensor,
-    dtype: DType,
-    dz: &FlexTensor,
-    (k, m, s): (usize, usize, usize),
-    c0: usize,
-    rows: usize,
-    run: &mut dyn FnMut(&BandTask<'_>),
-) {
-    // Wᵀ [rows, m]: element (ci, co) at co · k + c0 + ci in place, at co · rows + ci in a band.
-    let (wt, strides): (Cow<'_, [f32]>, (usize, usize)) = match rows == k && weight.dtype() == dtype
-    {
-        true => (weight_values(weight, dtype, 0, m * k), (1, k)),
-        false => {
-            let mut wt = vec![0f32; m * rows];
-            for (co, dst) in wt.chunks_mut(rows).enumerate() {
-                widen_into(weight, co * k + c0, dst);
-            }
-            if weight.dtype() != dtype {
-                round_through(&mut wt, dtype);
-            }
-            (Cow::Owned(wt), (1, rows))
+    let dims = [shape[0], shape[1], shape[2], shape[3]];
+    let (weight, dz) = (weight.to_contiguous(), channels_last(dz));
+    // W [m, k]: a band of columns ci₀.. is read row by row (widened, rounded like forward).
+    let band_of = |c0: usize, width: usize| -> Band<'_> {
+        if width == k {
+            return (weight_values(&weight, dtype, 0, m * k), (k, 1));
         }
+        let mut band = vec![0f32; m * width];
+        for (co, dst) in band.chunks_mut(width).enumerate() {
+            widen_into(&weight, co * k + c0, dst);
+        }
+        if weight.dtype() != dtype {
+            round_through(&mut band, dtype);
+        }
+        (Cow::Owned(band), (width, 1))
     };
-    run(&|i, dx| {
-        let grad = values(dz, i * m * s, m * s);
-        gemm_f32((rows, s, m), dx, false, &wt, strides, &grad, (s, 1), false);
-    });
+    let band = band(&weight, dtype, (m, k));
+    Ok(rows_times(&dz, (n * s, m, k), band, band_of, dims))
 }
 
-/// Pointwise conv weight gradient: `dW [m, k] = Σᵢ dzᵢ [m, s] · xᵢᵀ [s, k]`, summed in f32 by
-/// gemm into one buffer, in the dtype of `x`.
+/// Pointwise conv weight gradient, channels last: `dW [m, k] = dzᵀ [m, n·h·w] · x [n·h·w, k]`,
+/// summed in f32 by gemm and stored in the dtype of `x`, then the weight's.
+///
+/// A large weight is one gemm over all rows (rayon inside gemm, over the weight's tiles;
+/// half precision a few rows at a time, widened). A small one has too few tiles to share:
+/// `GROUPS` fixed row ranges run side by side, each into its own sum, added in order (so the
+/// bits do not depend on the thread count).
 pub(crate) fn pointwise_weight_backward(
     x: &FlexTensor,
     weight: &FlexTensor,
     dz: &FlexTensor,
     o: &ConvOptions<2>,
 ) -> Option<FlexTensor> {
+    const GROUPS: usize = 8;
     let (n, k, m, s) = pointwise(x, weight, dz, o)?;
-    let (x, dz) = (x.to_contiguous(), dz.to_contiguous());
-    let mut dw = vec![0f32; m * k];
-    for i in 0..n {
-        let (input, grad) = (values(&x, i * k * s, k * s), values(&dz, i * m * s, m * s));
-        // xᵢᵀ: element (p, ci) at ci · s + p.
-        gemm_f32(
-            (m, k, s),
-            &mut dw,
-            i > 0,
-            &grad,
-            (s, 1),
-            &input,
-            (1, s),
-            true,
+    let (x, dz, rows) = (channels_last(x), channels_last(dz), n * s);
+    // dW += dzᵀ[r0..r0 + len] · x[r0..r0 + len]
+    let add_rows = |dw: &mut [f32], r0: usize, len: usize, parallel, wide: &mut [Vec<f32>; 2]| {
+        let [wx, wd] = wide;
+        let (input, grad) = (
+            values_in(&x, r0 * k, len * k, wx),
+            values_in(&dz, r0 * m, len * m, wd),
         );
-    }
+        gemm_f32((m, k, len), dw, true, grad, (1, m), input, (k, 1), parallel);
+    };
+    let per = match x.dtype() {
+        DType::F32 => rows,
+        _ => 4 * task_rows(m + k),
+    };
+    // Groups of at least 256 rows, or one sum.
+    let dw = if m * k >= WEIGHT_BAND || rows < GROUPS * 256 {
+        let mut dw = vec![0f32; m * k];
+        let mut wide = [Vec::new(), Vec::new()];
+        for r0 in (0..rows).step_by(per) {
+            add_rows(&mut dw, r0, per.min(rows - r0), true, &mut wide);
+        }
+        dw
+    } else {
+        let group = rows.div_ceil(GROUPS);
+        let sums: Vec<Vec<f32>> = (0..GROUPS)
+            .into_par_iter()
+            .map(|g| {
+                let (start, end) = (g * group, ((g + 1) * group).min(rows));
+                let (mut dw, mut wide) = (vec![0f32; m * k], [Vec::new(), Vec::new()]);
+                for r0 in (start..end).step_by(per) {
+                    add_rows(&mut dw, r0, per.min(end - r0), false, &mut wide);
+                }
+                dw
+            })
+            .collect();
+        let mut dw = vec![0f32; m * k];
+        for sum in &sums {
+            dw.iter_mut().zip(sum).for_each(|(d, v)| *d += v);
+        }
+        dw
+    };
     Some(weight_grad(dw, vec![m, k, 1, 1], x.dtype(), weight.dtype()))
 }

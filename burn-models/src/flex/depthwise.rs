@@ -1,7 +1,7 @@
 //! MobileNet's depthwise conv (one k×k filter per channel) on the CPU, forward and backward,
-//! an image per rayon task, channels last.
+//! an image per rayon task, on [channels-last](super::channels_last) activations.
 //!
-//! A task lays its image out as `[h + 2·pad, w + 2·pad, c]` (padded, channels innermost), so
+//! A task copies its image, row by row, into `[h + 2·pad, w + 2·pad, c]` (padded), so
 //! every tap at every output place is one multiply-add over a contiguous run of `c` channels
 //! against the tap's `c` weights: vectors across channels, however small the plane.
 //! MobileNet's last planes are 4×4 and 2×2 with 256 or 512 channels: plane by plane, the
@@ -19,6 +19,7 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::ops::ConvOptions;
 use rayon::prelude::*;
 
+use super::channels_last::{channels_last, relabel};
 use super::conv::{rounds_to, weight_grad, weight_values};
 use super::values::{build, supported, values_in};
 
@@ -114,12 +115,11 @@ impl Depthwise {
             .collect()
     }
 
-    /// A task's buffers: the padded image (whose padding stays zero) and room for an image
-    /// in and one out.
+    /// A task's buffers: the padded image (whose padding stays zero) and room for a widened
+    /// image.
     fn scratch(&self) -> Scratch {
         Scratch {
             padded: vec![0.0; self.hp * self.wp * self.c],
-            last: vec![0.0; self.ho * self.wo * self.c],
             wide: Vec::new(),
         }
     }
@@ -129,107 +129,73 @@ impl Depthwise {
 struct Scratch {
     /// `[hp, wp, c]`.
     padded: Vec<f32>,
-    /// `[ho, wo, c]`.
-    last: Vec<f32>,
     /// A half-precision image widened.
     wide: Vec<f32>,
 }
 
-/// Channels moved together by the layout changes: eight planes are read side by side, so
-/// each place's eight values are written (or read) as one contiguous run.
-const BLOCK: usize = 8;
-
-/// `f(channels-last index, planes index)` for every value of `[c, rows, cols]` planes and its
-/// place at row and column `pad` of a `[.., pitch, c]` layout, eight channels at a time.
-fn each_place(
-    (c, rows, cols): (usize, usize, usize),
+/// `image [rows, cols, c]` into `padded [.., pitch, c]` at row and column `pad` (the places
+/// around it are not written): a row of places is one contiguous run.
+fn pad_into(
+    image: &[f32],
+    (rows, cols, c): (usize, usize, usize),
     pad: usize,
     pitch: usize,
-    mut f: impl FnMut(usize, usize),
+    padded: &mut [f32],
 ) {
-    let plane = rows * cols;
-    for c0 in (0..c).step_by(BLOCK) {
-        let width = BLOCK.min(c - c0);
-        for r in 0..rows {
-            let base = ((r + pad) * pitch + pad) * c + c0;
-            for x in 0..cols {
-                let (last, planes) = (base + x * c, c0 * plane + r * cols + x);
-                for j in 0..width {
-                    f(last + j, planes + j * plane);
-                }
-            }
-        }
+    let run = cols * c;
+    for (r, src) in image.chunks_exact(run).take(rows).enumerate() {
+        let at = ((r + pad) * pitch + pad) * c;
+        padded[at..at + run].copy_from_slice(src);
     }
 }
 
-/// `planes [c, rows, cols]` into `dst [.., pitch, c]` at row and column `pad` (the places
-/// around them are not written).
-fn to_channels_last(
-    planes: &[f32],
-    (rows, cols): (usize, usize),
+/// The inverse of [`pad_into`]: the `[rows, cols, c]` image at row and column `pad` of
+/// `padded [.., pitch, c]`.
+fn unpad(
+    padded: &[f32],
+    (rows, cols, c): (usize, usize, usize),
     pad: usize,
     pitch: usize,
-    dst: &mut [f32],
+    image: &mut [f32],
 ) {
-    let c = planes.len() / (rows * cols).max(1);
-    each_place((c, rows, cols), pad, pitch, |last, at| {
-        dst[last] = planes[at]
-    });
+    let run = cols * c;
+    for (r, dst) in image.chunks_exact_mut(run).take(rows).enumerate() {
+        let at = ((r + pad) * pitch + pad) * c;
+        dst.copy_from_slice(&padded[at..at + run]);
+    }
 }
 
-/// The inverse of [`to_channels_last`]: `src [.., pitch, c]` from row and column `pad` into
-/// `planes [c, rows, cols]`.
-fn from_channels_last(
-    src: &[f32],
-    (rows, cols): (usize, usize),
-    pad: usize,
-    pitch: usize,
-    planes: &mut [f32],
-) {
-    let c = planes.len() / (rows * cols).max(1);
-    each_place((c, rows, cols), pad, pitch, |last, at| {
-        planes[at] = src[last]
-    });
-}
-
-/// Depthwise conv forward (no bias).
+/// Depthwise conv forward (no bias), channels last.
 pub(crate) fn depthwise_conv(
     x: &FlexTensor,
     weight: &FlexTensor,
     o: &ConvOptions<2>,
 ) -> Option<FlexTensor> {
     let g = Depthwise::of(x, weight, o)?;
-    let (x, weight) = (x.to_contiguous(), weight.to_contiguous());
+    let (x, weight) = (channels_last(x), weight.to_contiguous());
     let wt = g.by_tap(&weight_values(&weight, x.dtype(), 0, g.c * g.k * g.k));
-    let (image_in, image_out) = (g.c * g.h * g.w, g.c * g.ho * g.wo);
-    let shape = vec![g.n, g.c, g.ho, g.wo];
+    let (image_in, image_out, c) = (g.c * g.h * g.w, g.c * g.ho * g.wo, g.c);
+    let dims = [g.n, g.c, g.ho, g.wo];
     let scratch = || g.scratch();
-    Some(build(
-        shape,
-        g.n,
-        image_out,
-        x.dtype(),
-        scratch,
-        |s, i, out| {
-            let image = values_in(&x, i * image_in, image_in, &mut s.wide);
-            to_channels_last(image, (g.h, g.w), g.pad, g.wp, &mut s.padded);
-            let c = g.c;
-            for (place, acc) in s.last.chunks_exact_mut(c).enumerate() {
-                let (y, x) = (place / g.wo, place % g.wo);
-                acc.fill(0.0);
-                for (t, w) in wt.chunks_exact(c).enumerate() {
-                    let src = &s.padded[g.at(y, x, t / g.k, t % g.k)..][..c];
-                    for i in 0..c {
-                        acc[i] += w[i] * src[i];
-                    }
+    let out = build(dims.to_vec(), image_out, x.dtype(), scratch, |s, i, out| {
+        let image = values_in(&x, i * image_in, image_in, &mut s.wide);
+        pad_into(image, (g.h, g.w, c), g.pad, g.wp, &mut s.padded);
+        // `out` comes zeroed.
+        for (place, acc) in out.chunks_exact_mut(c).enumerate() {
+            let (y, x) = (place / g.wo, place % g.wo);
+            for (t, w) in wt.chunks_exact(c).enumerate() {
+                let src = &s.padded[g.at(y, x, t / g.k, t % g.k)..][..c];
+                for i in 0..c {
+                    acc[i] += w[i] * src[i];
                 }
             }
-            from_channels_last(&s.last, (g.ho, g.wo), 0, g.wo, out);
-        },
-    ))
+        }
+    });
+    Some(relabel(out, dims))
 }
 
-/// Depthwise conv input gradient: each output gradient spread back over its taps.
+/// Depthwise conv input gradient, channels last: each output gradient spread back over its
+/// taps.
 ///
 /// Only the input's shape and dtype are read: `x` is dropped before `dx` is made (so its
 /// values can go first when this holds the last reference), or handed back in `Err` when the
@@ -245,17 +211,15 @@ pub(crate) fn depthwise_x_backward(
     };
     let dtype = x.dtype();
     drop(x);
-    let (weight, dz) = (weight.to_contiguous(), dz.to_contiguous());
+    let (weight, dz) = (weight.to_contiguous(), channels_last(dz));
     let wt = g.by_tap(&weight_values(&weight, dtype, 0, g.c * g.k * g.k));
-    let (image_in, image_out) = (g.c * g.h * g.w, g.c * g.ho * g.wo);
-    let shape = vec![g.n, g.c, g.h, g.w];
+    let (image_in, image_out, c) = (g.c * g.h * g.w, g.c * g.ho * g.wo, g.c);
+    let dims = [g.n, g.c, g.h, g.w];
     let scratch = || g.scratch();
-    Ok(build(shape, g.n, image_in, dtype, scratch, |s, i, dx| {
+    let dx = build(dims.to_vec(), image_in, dtype, scratch, |s, i, dx| {
         let grad = values_in(&dz, i * image_out, image_out, &mut s.wide);
-        to_channels_last(grad, (g.ho, g.wo), 0, g.wo, &mut s.last);
         s.padded.fill(0.0);
-        let c = g.c;
-        for (place, gv) in s.last.chunks_exact(c).enumerate() {
+        for (place, gv) in grad.chunks_exact(c).enumerate() {
             let (y, x) = (place / g.wo, place % g.wo);
             for (t, w) in wt.chunks_exact(c).enumerate() {
                 let dst = &mut s.padded[g.at(y, x, t / g.k, t % g.k)..][..c];
@@ -264,8 +228,9 @@ pub(crate) fn depthwise_x_backward(
                 }
             }
         }
-        from_channels_last(&s.padded, (g.h, g.w), g.pad, g.wp, dx);
-    }))
+        unpad(&s.padded, (g.h, g.w, c), g.pad, g.wp, dx);
+    });
+    Ok(relabel(dx, dims))
 }
 
 /// Depthwise conv weight gradient, summed over the batch in f32 (each image's sum added in
@@ -277,19 +242,18 @@ pub(crate) fn depthwise_weight_backward(
     o: &ConvOptions<2>,
 ) -> Option<FlexTensor> {
     let g = Depthwise::with_gradient(x, weight, dz, o)?;
-    let (x, dz) = (x.to_contiguous(), dz.to_contiguous());
+    let (x, dz) = (channels_last(x), channels_last(dz));
     let (image_in, image_out, taps, c) = (g.c * g.h * g.w, g.c * g.ho * g.wo, g.k * g.k, g.c);
     let per_image: Vec<Vec<f32>> = (0..g.n)
         .into_par_iter()
         .map_init(
-            || g.scratch(),
-            |s, i| {
+            || (g.scratch(), Vec::new()),
+            |(s, wide_dz), i| {
                 let image = values_in(&x, i * image_in, image_in, &mut s.wide);
-                to_channels_last(image, (g.h, g.w), g.pad, g.wp, &mut s.padded);
-                let grad = values_in(&dz, i * image_out, image_out, &mut s.wide);
-                to_channels_last(grad, (g.ho, g.wo), 0, g.wo, &mut s.last);
+                pad_into(image, (g.h, g.w, c), g.pad, g.wp, &mut s.padded);
+                let grad = values_in(&dz, i * image_out, image_out, wide_dz);
                 let mut dw = vec![0f32; taps * c];
-                for (place, gv) in s.last.chunks_exact(c).enumerate() {
+                for (place, gv) in grad.chunks_exact(c).enumerate() {
                     let (y, x) = (place / g.wo, place % g.wo);
                     for (t, acc) in dw.chunks_exact_mut(c).enumerate() {
                         let src = &s.padded[g.at(y, x, t / g.k, t % g.k)..][..c];

@@ -3,11 +3,11 @@
 
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::backend::Flex;
-use burn::tensor::ops::{ConvOptions, FloatTensorOps};
+use burn::tensor::ops::FloatTensorOps;
 use burn::tensor::{bf16, f16, Bytes, DType, Shape, Slice};
-use rayon::prelude::*;
 
 mod bn_relu;
+mod channels_last;
 mod conv;
 mod conv_pool;
 mod depthwise;
@@ -18,7 +18,7 @@ mod pool_grad;
 mod relu_pool;
 mod values;
 pub(crate) use bn_relu::{bn_relu_backward, bn_relu_forward};
-pub(crate) use conv::{pointwise_weight_backward, pointwise_x_backward};
+pub(crate) use conv::{pointwise_conv, pointwise_weight_backward, pointwise_x_backward};
 pub(crate) use conv_pool::conv_relu_pool_forward;
 pub(crate) use depthwise::{depthwise_conv, depthwise_weight_backward, depthwise_x_backward};
 pub(crate) use linear_half::{linear_forward_half, linear_input_grad_half};
@@ -130,77 +130,6 @@ pub(crate) fn add_matmul(sum: Option<FlexTensor>, lhs: FlexTensor, rhs: FlexTens
         );
     }
     sum
-}
-
-/// A pointwise convolution — `weight [m, k, 1, 1]` over `x [n, k, h, w]`, stride 1, no
-/// padding, one group, no bias — as one gemm per image (images spread over the rayon workers)
-/// with the image's `h·w` positions as gemm's rows: `outᵢᵀ = xᵢᵀ · weightᵀ`, both read in
-/// place. Flex's own 1×1 conv puts the weight on gemm's left, and gemm then packs the whole
-/// weight into a buffer it allocates per call, per image: 1 MiB at once on each worker for
-/// MobileNet's last 512 × 512 weight, whose output is a quarter of that. Here gemm packs only
-/// a few rows of the image. Half precision is widened to f32 an image at a time (gemm's own
-/// f16 path packs in f32 on every call) and rounded once at the end. `None` for any other
-/// shape or dtype: the caller takes Flex's conv.
-pub(crate) fn pointwise_conv(
-    x: &FlexTensor,
-    weight: &FlexTensor,
-    options: &ConvOptions<2>,
-) -> Option<FlexTensor> {
-    let (n, k, m, s) = conv::pointwise_dims(x, weight, options)?;
-    let (h, w) = (x.layout().shape()[2], x.layout().shape()[3]);
-    // Counted by `pointwise_dims` without overflow.
-    let (image, total) = (m * s, n * m * s);
-    let (x, weight) = (x.to_contiguous(), weight.to_contiguous());
-    let shape = Shape::new([n, m, h, w]);
-    // One image: dst [s, m] (row stride 1, column stride s) = lhs [s, k] (1, s) · rhs [k, m]
-    // (1, k), each matrix the transpose of the NCHW layout it reads or writes.
-    // SAFETY (both calls): `lhs` holds the image's k·s values, `rhs` m·k, `dst` m·s, and the
-    // strides above address exactly those.
-    let gemm_image = |dst: &mut [f32], lhs: &[f32], rhs: &[f32]| {
-        // The lengths the strides below rely on, checked so the closure is sound to call.
-        assert!(dst.len() == m * s && lhs.len() == k * s && rhs.len() == m * k);
-        unsafe {
-            gemm::gemm(
-                s,
-                m,
-                k,
-                dst.as_mut_ptr(),
-                s as isize,
-                1,
-                false,
-                lhs.as_ptr(),
-                s as isize,
-                1,
-                rhs.as_ptr(),
-                k as isize,
-                1,
-                0f32,
-                1f32,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
-        }
-    };
-    let tensor = match x.dtype() {
-        DType::F32 => {
-            let xs = &x.storage::<f32>()[x.layout().start_offset()..][..n * k * s];
-            let ws = &weight.storage::<f32>()[weight.layout().start_offset()..][..m * k];
-            let mut out = vec![0f32; total];
-            out.par_chunks_mut(image)
-                .zip(xs.par_chunks(k * s))
-                .for_each(|(dst, lhs)| gemm_image(dst, lhs, ws));
-            FlexTensor::new(
-                Bytes::from_elems(out),
-                Layout::contiguous(shape),
-                DType::F32,
-            )
-        }
-        DType::F16 | DType::BF16 => conv::pointwise_half(&x, &weight, (n, k, m, s), shape),
-        _ => return None,
-    };
-    Some(tensor)
 }
 
 /// `op` on the first tensor's dtype, computed in f32 when that dtype is half precision: the

@@ -275,8 +275,8 @@ fn direct_depthwise_and_pointwise_convs_equal_flexs() {
                 dz.clone().cast(dtype),
             );
             let o = || options.clone();
-            // The project's three conv hooks with weight `w`.
-            let hooks = |w: Tensor<Flex, 4>| {
+            // The project's three conv hooks on `x` and `dz`, with weight `w`.
+            let hooks_on = |x: &Tensor<Flex, 4>, w: Tensor<Flex, 4>, dz: &Tensor<Flex, 4>| {
                 [
                     <Flex as ModelBackend>::float_conv2d(prim(x.clone()), prim(w.clone()), o()),
                     <Flex as ModelBackend>::float_conv2d_x_backward(
@@ -293,7 +293,21 @@ fn direct_depthwise_and_pointwise_convs_equal_flexs() {
                     ),
                 ]
             };
+            let hooks = |w: Tensor<Flex, 4>| hooks_on(&x, w, &dz);
             let ours = hooks(w.clone());
+            // Channels-last inputs (`[n, h, w, c]` in memory, as the fused blocks hand
+            // activations to each other on the CPU): the same bits.
+            let last = |t: &Tensor<Flex, 4>| {
+                let nhwc = t.clone().permute([0, 2, 3, 1]).into_data();
+                let nhwc = Tensor::<Flex, 4>::from_data(nhwc, &device).cast(t.dtype());
+                nhwc.permute([0, 3, 1, 2])
+            };
+            let from_last = hooks_on(&last(&x), w.clone(), &last(&dz));
+            for ((part, a), b) in ["output", "dx", "dw"].iter().zip(&ours).zip(from_last) {
+                let (a, b) = (float(a.clone()), float(b));
+                let what = format!("{what} {dtype:?} {part} from channels-last inputs");
+                assert_eq!(relative(b, a), 0.0, "{what}");
+            }
             let flex_ops = |x: Tensor<Flex, 4>, w: Tensor<Flex, 4>, dz: Tensor<Flex, 4>| {
                 [
                     Flex::conv2d(prim(x.clone()), prim(w.clone()), None, o()),

@@ -125,10 +125,20 @@ fn batch_norm(channels: usize) -> BatchNorm<B> {
 #[test]
 fn conv_bn_relu_equals_the_composed_layers() {
     let device = Default::default();
-    // (c_in, c_out, kernel, stride, groups)
-    for (c_in, c_out, k, stride, groups) in [(3, 8, 3, 1, 1), (8, 8, 3, 2, 8), (8, 16, 1, 1, 1)] {
+    // (c_in, c_out, kernel, stride, groups, side). 24×24 × 4 images: enough rows that the
+    // pointwise weight gradient sums in parallel row groups; 128 → 160 channels: a half
+    // weight is widened in several bands.
+    let cases = [
+        (3, 8, 3, 1, 1, 10),
+        (8, 8, 3, 2, 8, 10),
+        (8, 16, 1, 1, 1, 10),
+        (8, 16, 1, 1, 1, 24),
+        (16, 16, 3, 1, 16, 24),
+        (128, 160, 1, 1, 1, 6),
+    ];
+    for (c_in, c_out, k, stride, groups, side) in cases {
         for (name, p) in POLICIES {
-            let what = format!("{c_in}→{c_out} k{k} s{stride} g{groups}, {name}");
+            let what = format!("{c_in}→{c_out} k{k} s{stride} g{groups} {side}², {name}");
             let conv: Conv2d<B> = Conv2dConfig::new([c_in, c_out], [k, k])
                 .with_stride([stride, stride])
                 .with_padding(PaddingConfig2d::Explicit(k / 2, k / 2, k / 2, k / 2))
@@ -136,10 +146,10 @@ fn conv_bn_relu_equals_the_composed_layers() {
                 .with_bias(false)
                 .init(&device);
             let conv = same_weights(conv, 5);
-            let x = random([4, c_in, 10, 10], 3);
+            let x = random([4, c_in, side, side], 3);
             // A weighting of the output, so the incoming gradient is not constant.
-            let weighting = random([4, c_out, 10 / stride, 10 / stride], 4);
-            let run = |fused: bool| {
+            let weighting = random([4, c_out, side / stride, side / stride], 4);
+            let run = |fused: bool, p: Precision| {
                 let bn = batch_norm(c_out);
                 let x = p.compute(x.clone()).detach().require_grad();
                 let y = if fused {
@@ -162,14 +172,30 @@ fn conv_bn_relu_equals_the_composed_layers() {
                     bn.running_var.value_sync().inner(),
                 )
             };
-            let (a, b) = (run(true), run(false));
+            let (a, b) = (run(true, p), run(false, p));
             let half = p.compute != DType::F32;
+            let exact = half.then(|| run(false, Precision::F32));
             let direct = groups > 1 || k == 1 || p.batch_norm == DType::F32 || half;
-            let check = |part: &str, x: Tensor<Flex, 1>, y: Tensor<Flex, 1>| {
+            // Gradients in half precision: the CPU's (sums over the batch in f32, rounded
+            // once) are no further from the all-f32 layer's than Flex's (whose f16 weight
+            // gradient over 2,304 products is 2% off, and whose input gradients then differ by
+            // as much as a batch norm's cancelling half-precision terms amplify that);
+            // anything else equal to rounding.
+            let check = |part: &str,
+                         x: Tensor<Flex, 1>,
+                         y: Tensor<Flex, 1>,
+                         f32: Option<Tensor<Flex, 1>>| {
                 let part = format!("{what}: {part}");
-                match direct {
-                    false => same(&part, x, y),
-                    true => {
+                match (direct, f32) {
+                    (false, _) => same(&part, x, y),
+                    (true, Some(exact)) => {
+                        let (ours, theirs) = (relative(x, exact.clone()), relative(y, exact));
+                        assert!(
+                            ours <= theirs * 1.05 + 1e-6,
+                            "{part}: {ours} from f32, composed {theirs}"
+                        );
+                    }
+                    (true, None) => {
                         let err = relative(x, y);
                         let tolerance = sum_tolerance(p.compute) * 4.0;
                         assert!(err <= tolerance, "{part}: relative error {err}");
@@ -177,13 +203,14 @@ fn conv_bn_relu_equals_the_composed_layers() {
                 }
             };
             let flat = |t: Tensor<Flex, 4>| t.flatten::<1>(0, 3);
-            check("output", flat(a.0), flat(b.0));
-            check("dx", flat(a.1), flat(b.1));
-            check("dw", flat(a.2), flat(b.2));
-            check("dγ", a.3, b.3);
-            check("dβ", a.4, b.4);
-            check("running mean", a.5, b.5);
-            check("running variance", a.6, b.6);
+            let e = exact.as_ref();
+            check("output", flat(a.0), flat(b.0), None);
+            check("dx", flat(a.1), flat(b.1), e.map(|e| flat(e.1.clone())));
+            check("dw", flat(a.2), flat(b.2), e.map(|e| flat(e.2.clone())));
+            check("dγ", a.3, b.3, e.map(|e| e.3.clone()));
+            check("dβ", a.4, b.4, e.map(|e| e.4.clone()));
+            check("running mean", a.5, b.5, None);
+            check("running variance", a.6, b.6, None);
         }
     }
 }
@@ -375,6 +402,8 @@ fn first_block_gradients_off_the_pooled_gradient_equal_the_composed_layers() {
 fn fused_models_equal_the_composed_ones() {
     let device = Default::default();
     let x = random([2, 3, 32, 32], 21);
+    // MobileNet's, for the half-precision comparison (see there).
+    let images = random([8, 3, 32, 32], 21);
     for (name, p) in POLICIES {
         let simple = |p: &Precision, fuse: bool| {
             let m = SimpleModelConfig::new().with_fuse(fuse).init::<B>(&device);
@@ -418,7 +447,7 @@ fn fused_models_equal_the_composed_ones() {
                 .init::<B>(&device)
                 .expect("a valid config");
             let m = same_weights(m, 1);
-            let y = m.forward(x.clone(), &p);
+            let y = m.forward(images.clone(), &p);
             let grads = y.clone().sum().backward();
             let params = grad_list(&m, &grads);
             (y.inner(), params)
@@ -432,9 +461,10 @@ fn fused_models_equal_the_composed_ones() {
         // its batch norm sums each channel's statistics in f64 (Flex: a mean of means in
         // f32): in f32 equal to rounding, which 27 layers of batch norm over 2 images (8
         // values per channel in the last layers) amplify to ~1e-4 (a wrong ReLU mask would
-        // be ~1e-2). In half precision every layer rounds, and at batch 2 many
-        // single gradients are sums that nearly cancel, so the comparison is over all of
-        // them at once: the fused model is as close to the all-f32 one as the composed model.
+        // be ~1e-2). In half precision every layer rounds, and many single gradients are
+        // sums that nearly cancel, so the comparison is over all of them at once, at batch 8
+        // (at batch 2 both models were ~100% from f32: noise): the fused model is as close
+        // to the all-f32 one as the composed model (measured 0.30 and 0.39).
         let (a, b) = (mobilenet(true), mobilenet(false));
         assert_eq!(a.1.len(), b.1.len());
         let logits = |t: Tensor<Flex, 2>| t.flatten::<1>(0, 1);
@@ -453,7 +483,7 @@ fn fused_models_equal_the_composed_ones() {
                 );
             }
         } else if p.batch_norm == DType::F32 {
-            let exact = all(mobilenet_f32(&x));
+            let exact = all(mobilenet_f32(&images));
             let (ours, theirs) = (l2_error(&a, &exact), l2_error(&b, &exact));
             assert!(
                 ours <= 1.25 * theirs + 1e-3,
