@@ -299,12 +299,13 @@ impl ModelBackend for burn::backend::Flex {
     ) -> FloatTensor<Self> {
         let direct = flex::pointwise_conv(&x, &weight, &options)
             .or_else(|| flex::depthwise_conv(&x, &weight, &options));
-        match direct {
-            Some(out) => out,
-            None => flex::in_f32([x, weight], |[x, weight]| {
-                <Self as burn::tensor::ops::ModuleOps<Self>>::conv2d(x, weight, None, options)
-            }),
-        }
+        // Flex's conv for the rest (the stem), its output made channels last like the
+        // direct convs' (the layout the fused blocks hand on, and that backward saves).
+        direct.unwrap_or_else(|| {
+            flex::channels_last(&flex::in_f32([flex::channels_first(x), weight], |[x, w]| {
+                <Self as burn::tensor::ops::ModuleOps<Self>>::conv2d(x, w, None, options)
+            }))
+        })
     }
 
     fn float_conv2d_x_backward(
@@ -317,9 +318,14 @@ impl ModelBackend for burn::backend::Flex {
             .or_else(|x| flex::depthwise_x_backward(x, &weight, &dz, &options));
         match direct {
             Ok(dx) => dx,
-            Err(x) => flex::in_f32([x, weight, dz], |[x, weight, dz]| {
-                conv2d_x_backward_cast::<Self>(x, weight, dz, options)
-            }),
+            // Flex's ops copy strided tensors value by value: channels-last ones are
+            // transposed here.
+            Err(x) => {
+                let (x, dz) = (flex::channels_first(x), flex::channels_first(dz));
+                flex::in_f32([x, weight, dz], |[x, weight, dz]| {
+                    conv2d_x_backward_cast::<Self>(x, weight, dz, options)
+                })
+            }
         }
     }
 
@@ -335,6 +341,7 @@ impl ModelBackend for burn::backend::Flex {
             Some(dw) => dw,
             None => {
                 let master = weight.dtype();
+                let (x, dz) = (flex::channels_first(x), flex::channels_first(dz));
                 let dw = flex::in_f32([x, weight, dz], |[x, weight, dz]| {
                     <Self as burn::tensor::ops::ModuleOps<Self>>::conv2d_weight_backward(
                         x, weight, dz, options,

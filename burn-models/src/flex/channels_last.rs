@@ -13,7 +13,8 @@
 //! transposed once on entry; Flex's own ops read any strides, so they take these as they are.
 
 use burn::backend::flex::{FlexTensor, Layout};
-use burn::tensor::Shape;
+use burn::tensor::{Bytes, Shape};
+use rayon::prelude::*;
 
 /// The strides of a channels-last `[n, c, h, w]` layout, in elements.
 fn strides([_, c, h, w]: [usize; 4]) -> Vec<isize> {
@@ -42,15 +43,76 @@ pub(super) fn is_channels_last(t: &FlexTensor) -> bool {
         && size == dims.iter().product::<usize>()
 }
 
+/// Whether `t` is a 4-D tensor whose buffer holds exactly its values, `[n, c, h, w]` in order.
+fn is_channels_first(t: &FlexTensor) -> bool {
+    let size = t.bytes().len() / t.dtype().size().max(1);
+    dims4(t).is_some()
+        && t.layout().is_contiguous()
+        && t.layout().start_offset() == 0
+        && size == t.layout().num_elements()
+}
+
 /// `t` (4-D) channels last: itself (a shared reference to its buffer), or a transposed copy.
-pub(super) fn channels_last(t: &FlexTensor) -> FlexTensor {
-    match (is_channels_last(t), dims4(t)) {
-        (false, Some(dims)) => t
-            .permute(&[0, 2, 3, 1])
-            .to_contiguous()
-            .with_layout(layout(dims)),
-        _ => t.clone(),
+pub(crate) fn channels_last(t: &FlexTensor) -> FlexTensor {
+    let Some(dims @ [n, c, h, w]) = dims4(t).filter(|_| !is_channels_last(t)) else {
+        return t.clone();
+    };
+    // Each image's [c, h·w] planes as [h·w, c] rows; Flex's copy walks any other strides
+    // value by value.
+    let fast = is_channels_first(t)
+        .then(|| transposed(t, (n, c, h * w)))
+        .flatten();
+    let copy = fast.unwrap_or_else(|| t.permute(&[0, 2, 3, 1]).to_contiguous());
+    relabel(copy, dims)
+}
+
+/// `t` `[n, c, h, w]` in order, for Flex's ops, which copy any other layout value by value: a
+/// transposed copy of a channels-last tensor, else `t` itself.
+pub(crate) fn channels_first(t: FlexTensor) -> FlexTensor {
+    match dims4(&t).filter(|_| is_channels_last(&t)) {
+        Some([n, c, h, w]) => transposed(&t, (n, h * w, c)).unwrap_or_else(|| t.to_contiguous()),
+        None => t,
     }
+}
+
+/// Each of `n` images of `t`'s buffer, `[rows, cols]`, as `[cols, rows]`, into a contiguous
+/// tensor of `t`'s shape (which the caller relabels when the result is channels last);
+/// `None` for elements of other sizes than 2 and 4 bytes.
+fn transposed(t: &FlexTensor, (n, rows, cols): (usize, usize, usize)) -> Option<FlexTensor> {
+    fn images<T: bytemuck::Pod + Send + Sync>(
+        src: &[T],
+        (n, rows, cols): (usize, usize, usize),
+    ) -> Vec<T> {
+        let image = rows * cols;
+        let mut dst = vec![T::zeroed(); n * image];
+        dst.par_chunks_mut(image.max(1))
+            .zip(src.par_chunks(image.max(1)))
+            .for_each(|(d, s)| {
+                // Eight source rows side by side: eight reads, one contiguous run written.
+                for r0 in (0..rows).step_by(8) {
+                    let r1 = (r0 + 8).min(rows);
+                    for col in 0..cols {
+                        for r in r0..r1 {
+                            d[col * rows + r] = s[r * cols + col];
+                        }
+                    }
+                }
+            });
+        dst
+    }
+    let bytes = match t.dtype().size() {
+        4 => Bytes::from_elems(images(
+            bytemuck::cast_slice::<u8, u32>(t.bytes()),
+            (n, rows, cols),
+        )),
+        2 => Bytes::from_elems(images(
+            bytemuck::cast_slice::<u8, u16>(t.bytes()),
+            (n, rows, cols),
+        )),
+        _ => return None,
+    };
+    let shape = Layout::contiguous(t.layout().shape().clone());
+    Some(FlexTensor::new(bytes, shape, t.dtype()))
 }
 
 /// A tensor of shape `dims` whose contiguous buffer was written channels last.

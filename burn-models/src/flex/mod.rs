@@ -8,6 +8,7 @@ use burn::tensor::{bf16, f16, Bytes, DType, Shape, Slice};
 
 mod bn_relu;
 mod channels_last;
+pub(crate) use channels_last::{channels_first, channels_last};
 mod conv;
 mod conv_pool;
 mod depthwise;
