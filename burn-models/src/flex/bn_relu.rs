@@ -23,7 +23,9 @@ use burn::tensor::DType;
 use rayon::prelude::*;
 
 use super::channels_last::{channels_last, dims4, relabel};
-use super::values::{build, round_through, stored, supported, task_rows, values, values_in};
+use super::values::{
+    build, round_through, stored, supported, task_rows, values, values_in, wide_simd,
+};
 
 /// Rows summed in f32 before the sum joins the f64 total.
 const SPAN: usize = 64;
@@ -50,22 +52,10 @@ pub(crate) fn bn_relu_forward(
     let count = rows as f64;
 
     // Pass 1: each channel's mean, then the mean of squares about it.
-    let sum = column_sums::<1, ()>(&z, (rows, c), |_, _, run, acc| {
-        for row in run.chunks_exact(c) {
-            for j in 0..c {
-                acc[j] += row[j];
-            }
-        }
-    });
+    let sum = column_sums::<1, ()>(&z, (rows, c), |_, _, run, acc| add_rows(run, acc));
     let mean: Vec<f32> = sum.iter().map(|s| (s[0] / count) as f32).collect();
-    let squares = column_sums::<1, ()>(&z, (rows, c), |_, _, run, acc| {
-        for row in run.chunks_exact(c) {
-            for j in 0..c {
-                let d = row[j] - mean[j];
-                acc[j] += d * d;
-            }
-        }
-    });
+    let squares =
+        column_sums::<1, ()>(&z, (rows, c), |_, _, run, acc| add_squares(run, &mean, acc));
     let var: Vec<f32> = squares.iter().map(|s| (s[0] / count) as f32).collect();
     let rstd: Vec<f32> = var
         .iter()
@@ -82,12 +72,7 @@ pub(crate) fn bn_relu_forward(
         Vec::new,
         |wide, i, out| {
             let input = values_in(&z, i * per * c, out.len(), wide);
-            for (o, x) in out.chunks_exact_mut(c).zip(input.chunks_exact(c)) {
-                for j in 0..c {
-                    let y = (x[j] - mean[j]) * scale[j] + beta[j];
-                    o[j] = pass_where(y, y);
-                }
-            }
+            normalize_rows(input, [&mean, &scale, &beta], out);
         },
     );
     let vector = |v: Vec<f32>| stored(v, vec![c], DType::F32);
@@ -131,12 +116,7 @@ pub(crate) fn bn_relu_backward(
         dy.resize(len, 0.0);
         xhat.resize(len, 0.0);
         at.grads(zs, values_in(&dout, r0 * c, len, ds), dy, xhat);
-        for (dy, xhat) in dy.chunks_exact(c).zip(xhat.chunks_exact(c)) {
-            for j in 0..c {
-                acc[j] += dy[j];
-                acc[c + j] += dy[j] * xhat[j];
-            }
-        }
+        add_grads(dy, xhat, acc);
     });
     let count = rows as f64;
     let mean_dy: Vec<f32> = sums.iter().map(|s| (s[0] / count) as f32).collect();
@@ -159,12 +139,7 @@ pub(crate) fn bn_relu_backward(
             dy.resize(len, 0.0);
             xhat.resize(len, 0.0);
             at.grads(zs, ds, dy, xhat);
-            let rows = out.chunks_exact_mut(c).zip(dy.chunks_exact(c));
-            for ((o, dy), xhat) in rows.zip(xhat.chunks_exact(c)) {
-                for j in 0..c {
-                    o[j] = (dy[j] - mean_dy[j] - xhat[j] * mean_dyx[j]) * scale[j];
-                }
-            }
+            input_grad_rows(dy, xhat, [&mean_dy, &mean_dyx, &scale], out);
         },
     );
     let vector = |k: usize| {
@@ -231,19 +206,110 @@ impl Rows<'_> {
     /// `xhat`, for rows of `z` and their output gradient `dout`: y as forward made it,
     /// (z − μ)·(r·γ) + β in f32 rounded to the activations' dtype.
     fn grads(&self, z: &[f32], dout: &[f32], dy: &mut [f32], xhat: &mut [f32]) {
-        let (len, c) = (z.len(), self.mean.len());
-        let (dout, dy, xhat) = (&dout[..len], &mut dy[..len], &mut xhat[..len]);
-        let rows = z.chunks_exact(c).zip(dy.chunks_exact_mut(c));
-        for ((z, dy), xhat) in rows.zip(xhat.chunks_exact_mut(c)) {
+        let len = z.len();
+        let (dy, xhat) = (&mut dy[..len], &mut xhat[..len]);
+        let at = [self.mean, self.scale, self.beta, self.rstd];
+        centred_rows(z, at, dy, xhat);
+        round_through(dy, self.dtype);
+        mask_rows(dy, &dout[..len]);
+    }
+}
+
+// The row kernels: `[rows, c]` slices against per-channel `[c]` vectors, each loop a vector
+// across channels.
+
+wide_simd! {
+    /// `acc[j] += row[j]` for every row of `run`.
+    fn add_rows(run: &[f32], acc: &mut [f32]) {
+        let c = acc.len();
+        for row in run.chunks_exact(c) {
             for j in 0..c {
-                let centered = z[j] - self.mean[j];
-                dy[j] = centered * self.scale[j] + self.beta[j];
-                xhat[j] = centered * self.rstd[j];
+                acc[j] += row[j];
             }
         }
-        round_through(dy, self.dtype);
-        for i in 0..len {
-            dy[i] = pass_where(dy[i], dout[i]);
+    }
+}
+
+wide_simd! {
+    /// `acc[j] += (row[j] − mean[j])²` for every row of `run`.
+    fn add_squares(run: &[f32], mean: &[f32], acc: &mut [f32]) {
+        let c = acc.len();
+        let mean = &mean[..c];
+        for row in run.chunks_exact(c) {
+            for j in 0..c {
+                let d = row[j] - mean[j];
+                acc[j] += d * d;
+            }
+        }
+    }
+}
+
+wide_simd! {
+    /// `acc[j] += dy[j]`, `acc[c + j] += dy[j]·x̂[j]` for every row.
+    fn add_grads(dy: &[f32], xhat: &[f32], acc: &mut [f32]) {
+        let c = acc.len() / 2;
+        let (sum_dy, sum_dyx) = acc.split_at_mut(c);
+        for (dy, xhat) in dy.chunks_exact(c).zip(xhat.chunks_exact(c)) {
+            for j in 0..c {
+                sum_dy[j] += dy[j];
+                sum_dyx[j] += dy[j] * xhat[j];
+            }
+        }
+    }
+}
+
+wide_simd! {
+    /// `out = relu((x − μ)·scale + β)` row by row.
+    fn normalize_rows(x: &[f32], at: [&[f32]; 3], out: &mut [f32]) {
+        let [mean, scale, beta] = at;
+        let c = mean.len();
+        let (scale, beta) = (&scale[..c], &beta[..c]);
+        for (o, x) in out.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
+            for j in 0..c {
+                let y = (x[j] - mean[j]) * scale[j] + beta[j];
+                o[j] = pass_where(y, y);
+            }
+        }
+    }
+}
+
+wide_simd! {
+    /// `y = (z − μ)·scale + β` (forward's output before the ReLU) and `x̂ = (z − μ)·r`.
+    fn centred_rows(z: &[f32], at: [&[f32]; 4], y: &mut [f32], xhat: &mut [f32]) {
+        let [mean, scale, beta, rstd] = at;
+        let c = mean.len();
+        let (scale, beta, rstd) = (&scale[..c], &beta[..c], &rstd[..c]);
+        let rows = z.chunks_exact(c).zip(y.chunks_exact_mut(c));
+        for ((z, y), xhat) in rows.zip(xhat.chunks_exact_mut(c)) {
+            for j in 0..c {
+                let centered = z[j] - mean[j];
+                y[j] = centered * scale[j] + beta[j];
+                xhat[j] = centered * rstd[j];
+            }
+        }
+    }
+}
+
+wide_simd! {
+    /// `dy = dout` where `y > 0` (or NaN), else 0; `dy` holds `y` on entry.
+    fn mask_rows(dy: &mut [f32], dout: &[f32]) {
+        for (d, &g) in dy.iter_mut().zip(dout) {
+            *d = pass_where(*d, g);
+        }
+    }
+}
+
+wide_simd! {
+    /// `dz = (dy − mean(dy) − x̂·mean(dy·x̂))·scale` row by row.
+    fn input_grad_rows(dy: &[f32], xhat: &[f32], at: [&[f32]; 3], out: &mut [f32]) {
+        let [mean_dy, mean_dyx, scale] = at;
+        let c = mean_dy.len();
+        let (mean_dyx, scale) = (&mean_dyx[..c], &scale[..c]);
+        let rows = out.chunks_exact_mut(c).zip(dy.chunks_exact(c));
+        for ((o, dy), xhat) in rows.zip(xhat.chunks_exact(c)) {
+            for j in 0..c {
+                o[j] = (dy[j] - mean_dy[j] - xhat[j] * mean_dyx[j]) * scale[j];
+            }
         }
     }
 }

@@ -21,7 +21,7 @@ use rayon::prelude::*;
 
 use super::channels_last::{channels_last, relabel};
 use super::conv::{rounds_to, weight_grad, weight_values};
-use super::values::{build, supported, values_in};
+use super::values::{build, supported, values_in, wide_simd};
 
 /// A depthwise conv's geometry: `c` channels, `h×w` in, `ho×wo` out, `k×k` taps, the padded
 /// input `hp × wp`.
@@ -180,16 +180,7 @@ pub(crate) fn depthwise_conv(
     let out = build(dims.to_vec(), image_out, x.dtype(), scratch, |s, i, out| {
         let image = values_in(&x, i * image_in, image_in, &mut s.wide);
         pad_into(image, (g.h, g.w, c), g.pad, g.wp, &mut s.padded);
-        // `out` comes zeroed.
-        for (place, acc) in out.chunks_exact_mut(c).enumerate() {
-            let (y, x) = (place / g.wo, place % g.wo);
-            for (t, w) in wt.chunks_exact(c).enumerate() {
-                let src = &s.padded[g.at(y, x, t / g.k, t % g.k)..][..c];
-                for i in 0..c {
-                    acc[i] += w[i] * src[i];
-                }
-            }
-        }
+        taps_forward(g, &wt, &s.padded, out); // `out` comes zeroed
     });
     Some(relabel(out, dims))
 }
@@ -219,15 +210,7 @@ pub(crate) fn depthwise_x_backward(
     let dx = build(dims.to_vec(), image_in, dtype, scratch, |s, i, dx| {
         let grad = values_in(&dz, i * image_out, image_out, &mut s.wide);
         s.padded.fill(0.0);
-        for (place, gv) in grad.chunks_exact(c).enumerate() {
-            let (y, x) = (place / g.wo, place % g.wo);
-            for (t, w) in wt.chunks_exact(c).enumerate() {
-                let dst = &mut s.padded[g.at(y, x, t / g.k, t % g.k)..][..c];
-                for i in 0..c {
-                    dst[i] += w[i] * gv[i];
-                }
-            }
-        }
+        taps_backward(g, &wt, grad, &mut s.padded);
         unpad(&s.padded, (g.h, g.w, c), g.pad, g.wp, dx);
     });
     Ok(relabel(dx, dims))
@@ -253,15 +236,7 @@ pub(crate) fn depthwise_weight_backward(
                 pad_into(image, (g.h, g.w, c), g.pad, g.wp, &mut s.padded);
                 let grad = values_in(&dz, i * image_out, image_out, wide_dz);
                 let mut dw = vec![0f32; taps * c];
-                for (place, gv) in grad.chunks_exact(c).enumerate() {
-                    let (y, x) = (place / g.wo, place % g.wo);
-                    for (t, acc) in dw.chunks_exact_mut(c).enumerate() {
-                        let src = &s.padded[g.at(y, x, t / g.k, t % g.k)..][..c];
-                        for j in 0..c {
-                            acc[j] += gv[j] * src[j];
-                        }
-                    }
-                }
+                taps_weight(g, grad, &s.padded, &mut dw);
                 dw
             },
         )
@@ -280,4 +255,54 @@ pub(crate) fn depthwise_weight_backward(
         x.dtype(),
         weight.dtype(),
     ))
+}
+
+// Each place's taps, one multiply-add over a run of `c` channels per tap, for an image.
+
+wide_simd! {
+    /// `out[y, x, :] += Σ_t w[t, :] · padded[s·y + ky, s·x + kx, :]`.
+    fn taps_forward(g: Depthwise, wt: &[f32], padded: &[f32], out: &mut [f32]) {
+        let c = g.c;
+        for (place, acc) in out.chunks_exact_mut(c).enumerate() {
+            let (y, x) = (place / g.wo, place % g.wo);
+            for (t, w) in wt.chunks_exact(c).enumerate() {
+                let src = &padded[g.at(y, x, t / g.k, t % g.k)..][..c];
+                for i in 0..c {
+                    acc[i] += w[i] * src[i];
+                }
+            }
+        }
+    }
+}
+
+wide_simd! {
+    /// `padded[s·y + ky, s·x + kx, :] += w[t, :] · grad[y, x, :]`.
+    fn taps_backward(g: Depthwise, wt: &[f32], grad: &[f32], padded: &mut [f32]) {
+        let c = g.c;
+        for (place, gv) in grad.chunks_exact(c).enumerate() {
+            let (y, x) = (place / g.wo, place % g.wo);
+            for (t, w) in wt.chunks_exact(c).enumerate() {
+                let dst = &mut padded[g.at(y, x, t / g.k, t % g.k)..][..c];
+                for i in 0..c {
+                    dst[i] += w[i] * gv[i];
+                }
+            }
+        }
+    }
+}
+
+wide_simd! {
+    /// `dw[t, :] += grad[y, x, :] · padded[s·y + ky, s·x + kx, :]`.
+    fn taps_weight(g: Depthwise, grad: &[f32], padded: &[f32], dw: &mut [f32]) {
+        let c = g.c;
+        for (place, gv) in grad.chunks_exact(c).enumerate() {
+            let (y, x) = (place / g.wo, place % g.wo);
+            for (t, acc) in dw.chunks_exact_mut(c).enumerate() {
+                let src = &padded[g.at(y, x, t / g.k, t % g.k)..][..c];
+                for j in 0..c {
+                    acc[j] += gv[j] * src[j];
+                }
+            }
+        }
+    }
 }

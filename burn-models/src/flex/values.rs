@@ -141,3 +141,28 @@ pub(super) fn stored(values: Vec<f32>, shape: Vec<usize>, dtype: DType) -> FlexT
     };
     FlexTensor::new(bytes, Layout::contiguous(Shape::from(shape)), dtype)
 }
+
+/// A function whose body is compiled twice, for the x86-64 baseline (SSE2: four f32 lanes)
+/// and for AVX2 (eight), the AVX2 one called where this CPU has it (detected once). Only the
+/// vector width changes: Rust never fuses a multiply and an add, and the loops are written
+/// so that no sum is reordered, so the results are the same bits either way.
+macro_rules! wide_simd {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$doc])*
+        $vis fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                #[target_feature(enable = "avx2")]
+                fn avx2($($arg: $ty),*) {
+                    body($($arg),*)
+                }
+                // SAFETY: the CPU has AVX2 (checked above).
+                return unsafe { avx2($($arg),*) };
+            }
+            body($($arg),*)
+        }
+    };
+}
+pub(super) use wide_simd;
