@@ -33,7 +33,7 @@ const SPAN: usize = 64;
 /// `[relu(BN(z)), μ, σ², 1/√(σ² + ε)]` for a `[n, c, h, w]` `z` (f32, f16 or bf16) with f32
 /// `gamma` and `beta`, batch norm computed in f32: the output in `z`'s dtype, channels last,
 /// the statistics `[c]` in f32 (σ² biased, as training-mode batch norm normalises with it).
-/// The output is `(z − μ)·(r·γ) + β` evaluated as [`Rows::grads`] re-evaluates it for the
+/// The output is `(z − μ)·(r·γ) + β` evaluated as [`forward_row`] re-evaluates it for the
 /// ReLU's mask. `None` for anything else: the caller takes the composed path.
 pub(crate) fn bn_relu_forward(
     z: &FlexTensor,
@@ -102,44 +102,35 @@ pub(crate) fn bn_relu_backward(
     let [gamma, beta, mean, rstd] = vectors.map(|v| values(v, 0, c).into_owned());
     let (z, dout) = (channels_last(z), channels_last(dout));
     let scale: Vec<f32> = rstd.iter().zip(&gamma).map(|(r, g)| r * g).collect();
-    let at = Rows {
-        mean: &mean,
-        rstd: &rstd,
-        scale: &scale,
-        beta: &beta,
+    let at = Saved {
+        stats: [&mean, &scale, &beta, &rstd],
         dtype: z.dtype(),
     };
 
     // Pass 1: Σ dy and Σ dy·x̂ per channel.
-    let sums = column_sums::<2, [Vec<f32>; 3]>(&z, (rows, c), |[ds, dy, xhat], r0, zs, acc| {
-        let len = zs.len();
-        dy.resize(len, 0.0);
-        xhat.resize(len, 0.0);
-        at.grads(zs, values_in(&dout, r0 * c, len, ds), dy, xhat);
-        add_grads(dy, xhat, acc);
+    let sums = column_sums::<2, [Vec<f32>; 2]>(&z, (rows, c), |[ds, y], r0, zs, acc| {
+        y.resize(c, 0.0);
+        add_grads(zs, values_in(&dout, r0 * c, zs.len(), ds), at, y, acc);
     });
     let count = rows as f64;
     let mean_dy: Vec<f32> = sums.iter().map(|s| (s[0] / count) as f32).collect();
     let mean_dyx: Vec<f32> = sums.iter().map(|s| (s[1] / count) as f32).collect();
 
     // Pass 2: each row's dz, rounded once into z's dtype.
-    let scratch = || [(); 4].map(|_| Vec::new());
+    let scratch = || [Vec::new(), Vec::new(), vec![0f32; c]];
     let per = task_rows(c);
     let dz = build(
         dims.to_vec(),
         per * c,
         z.dtype(),
         scratch,
-        |[zs, ds, dy, xhat], i, out| {
+        |[zs, ds, y], i, out| {
             let len = out.len();
             let (zs, ds) = (
                 values_in(&z, i * per * c, len, zs),
                 values_in(&dout, i * per * c, len, ds),
             );
-            dy.resize(len, 0.0);
-            xhat.resize(len, 0.0);
-            at.grads(zs, ds, dy, xhat);
-            input_grad_rows(dy, xhat, [&mean_dy, &mean_dyx, &scale], out);
+            input_grad_rows(zs, ds, at, [&mean_dy, &mean_dyx], y, out);
         },
     );
     let vector = |k: usize| {
@@ -190,28 +181,26 @@ fn column_sums<const K: usize, S: Default>(
     sums
 }
 
-/// The saved statistics and parameters, per channel.
-struct Rows<'a> {
-    mean: &'a [f32],
-    rstd: &'a [f32],
-    /// r·γ, as forward multiplied it.
-    scale: &'a [f32],
-    beta: &'a [f32],
-    /// The activations' dtype, which forward rounded y to.
+/// The saved statistics and parameters, per channel: `[μ, r·γ, β, r]` (r·γ as forward
+/// multiplied it), and the activations' dtype, which forward rounded y to.
+#[derive(Clone, Copy)]
+struct Saved<'a> {
+    stats: [&'a [f32]; 4],
     dtype: DType,
 }
 
-impl Rows<'_> {
-    /// The gradient the ReLU passed, `dy` (Burn's `relu_backward` zeroes it where y ≤ 0), and
-    /// `xhat`, for rows of `z` and their output gradient `dout`: y as forward made it,
-    /// (z − μ)·(r·γ) + β in f32 rounded to the activations' dtype.
-    fn grads(&self, z: &[f32], dout: &[f32], dy: &mut [f32], xhat: &mut [f32]) {
-        let len = z.len();
-        let (dy, xhat) = (&mut dy[..len], &mut xhat[..len]);
-        let at = [self.mean, self.scale, self.beta, self.rstd];
-        centred_rows(z, at, dy, xhat);
-        round_through(dy, self.dtype);
-        mask_rows(dy, &dout[..len]);
+/// y = (z − μ)·(r·γ) + β for one row, as forward made it (rounded to the activations' dtype):
+/// the ReLU's mask.
+#[inline(always)]
+fn forward_row(z: &[f32], at: Saved<'_>, y: &mut [f32]) {
+    let [mean, scale, beta, _] = at.stats;
+    let c = mean.len();
+    let (z, scale, beta, y) = (&z[..c], &scale[..c], &beta[..c], &mut y[..c]);
+    for j in 0..c {
+        y[j] = (z[j] - mean[j]) * scale[j] + beta[j];
+    }
+    if at.dtype != DType::F32 {
+        round_through(y, at.dtype);
     }
 }
 
@@ -245,20 +234,6 @@ wide_simd! {
 }
 
 wide_simd! {
-    /// `acc[j] += dy[j]`, `acc[c + j] += dy[j]·x̂[j]` for every row.
-    fn add_grads(dy: &[f32], xhat: &[f32], acc: &mut [f32]) {
-        let c = acc.len() / 2;
-        let (sum_dy, sum_dyx) = acc.split_at_mut(c);
-        for (dy, xhat) in dy.chunks_exact(c).zip(xhat.chunks_exact(c)) {
-            for j in 0..c {
-                sum_dy[j] += dy[j];
-                sum_dyx[j] += dy[j] * xhat[j];
-            }
-        }
-    }
-}
-
-wide_simd! {
     /// `out = relu((x − μ)·scale + β)` row by row.
     fn normalize_rows(x: &[f32], at: [&[f32]; 3], out: &mut [f32]) {
         let [mean, scale, beta] = at;
@@ -274,41 +249,40 @@ wide_simd! {
 }
 
 wide_simd! {
-    /// `y = (z − μ)·scale + β` (forward's output before the ReLU) and `x̂ = (z − μ)·r`.
-    fn centred_rows(z: &[f32], at: [&[f32]; 4], y: &mut [f32], xhat: &mut [f32]) {
-        let [mean, scale, beta, rstd] = at;
+    /// `acc[j] += dy[j]`, `acc[c + j] += dy[j]·x̂[j]` over rows of `z` and `dout`: dy the
+    /// gradient the ReLU passed (Burn's `relu_backward` zeroes it where y ≤ 0), x̂ = (z − μ)·r.
+    /// `y` is a row's buffer.
+    fn add_grads(z: &[f32], dout: &[f32], at: Saved<'_>, y: &mut [f32], acc: &mut [f32]) {
+        let [mean, _, _, rstd] = at.stats;
         let c = mean.len();
-        let (scale, beta, rstd) = (&scale[..c], &beta[..c], &rstd[..c]);
-        let rows = z.chunks_exact(c).zip(y.chunks_exact_mut(c));
-        for ((z, y), xhat) in rows.zip(xhat.chunks_exact_mut(c)) {
+        let (rstd, y) = (&rstd[..c], &mut y[..c]);
+        let (sum_dy, sum_dyx) = acc.split_at_mut(c);
+        for (z, g) in z.chunks_exact(c).zip(dout.chunks_exact(c)) {
+            forward_row(z, at, y);
             for j in 0..c {
-                let centered = z[j] - mean[j];
-                y[j] = centered * scale[j] + beta[j];
-                xhat[j] = centered * rstd[j];
+                let dy = pass_where(y[j], g[j]);
+                sum_dy[j] += dy;
+                sum_dyx[j] += dy * ((z[j] - mean[j]) * rstd[j]);
             }
         }
     }
 }
 
 wide_simd! {
-    /// `dy = dout` where `y > 0` (or NaN), else 0; `dy` holds `y` on entry.
-    fn mask_rows(dy: &mut [f32], dout: &[f32]) {
-        for (d, &g) in dy.iter_mut().zip(dout) {
-            *d = pass_where(*d, g);
-        }
-    }
-}
-
-wide_simd! {
-    /// `dz = (dy − mean(dy) − x̂·mean(dy·x̂))·scale` row by row.
-    fn input_grad_rows(dy: &[f32], xhat: &[f32], at: [&[f32]; 3], out: &mut [f32]) {
-        let [mean_dy, mean_dyx, scale] = at;
-        let c = mean_dy.len();
-        let (mean_dyx, scale) = (&mean_dyx[..c], &scale[..c]);
-        let rows = out.chunks_exact_mut(c).zip(dy.chunks_exact(c));
-        for ((o, dy), xhat) in rows.zip(xhat.chunks_exact(c)) {
+    /// `dz = (dy − mean(dy) − x̂·mean(dy·x̂))·(r·γ)` over rows of `z` and `dout`, dy and x̂
+    /// as in [`add_grads`]. `y` is a row's buffer.
+    fn input_grad_rows(z: &[f32], dout: &[f32], at: Saved<'_>, means: [&[f32]; 2], y: &mut [f32], out: &mut [f32]) {
+        let [mean, scale, _, rstd] = at.stats;
+        let [mean_dy, mean_dyx] = means;
+        let c = mean.len();
+        let (scale, rstd, y) = (&scale[..c], &rstd[..c], &mut y[..c]);
+        let (mean_dy, mean_dyx) = (&mean_dy[..c], &mean_dyx[..c]);
+        let rows = z.chunks_exact(c).zip(dout.chunks_exact(c));
+        for ((z, g), o) in rows.zip(out.chunks_exact_mut(c)) {
+            forward_row(z, at, y);
             for j in 0..c {
-                o[j] = (dy[j] - mean_dy[j] - xhat[j] * mean_dyx[j]) * scale[j];
+                let (dy, xhat) = (pass_where(y[j], g[j]), (z[j] - mean[j]) * rstd[j]);
+                o[j] = (dy - mean_dy[j] - xhat * mean_dyx[j]) * scale[j];
             }
         }
     }
