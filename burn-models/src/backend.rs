@@ -84,9 +84,9 @@ pub trait ModelBackend: Backend {
 
     /// `conv2d(x, weight)` without a bias, in the dtype of `x`, as the fused ops call it:
     /// `weight` may be the (wider) master copy, which is cast to that dtype first. The CPU
-    /// backend runs depthwise and pointwise convs directly (in f32, the pointwise one with the
-    /// image's positions on gemm's left, so that gemm does not pack the whole weight for every
-    /// image) and rounds a master weight as it reads it, making no half copy of it.
+    /// backend runs depthwise and pointwise convs directly (in f32, on channels-last
+    /// activations, which it also returns: see `flex/channels_last.rs`) and rounds a master
+    /// weight as it reads it, making no half copy of it.
     fn float_conv2d(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,

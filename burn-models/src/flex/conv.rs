@@ -1,17 +1,19 @@
-//! MobileNet's pointwise (1×1) convolution on the CPU, forward for half precision and both
-//! gradients, as gemm calls per image; and what the direct conv kernels share (the master
-//! weight rounded as it is read, the weight gradient stored in the master's dtype). The
-//! depthwise conv has [its own file](super::depthwise).
+//! MobileNet's pointwise (1×1) convolution on the CPU, forward and both gradients, as gemm
+//! products over the whole batch of [channels-last](super::channels_last) activations; and
+//! what the direct conv kernels share (the master weight rounded as it is read, the weight
+//! gradient stored in the master's dtype). The depthwise conv has [its own
+//! file](super::depthwise).
 //!
 //! Burn's generic backward runs every input gradient through `conv_transpose2d`, with strided
-//! copies around it. Here:
+//! copies around it. Here, with `X [n·h·w, k]` and `Z [n·h·w, m]` the activations' rows:
 //!
 //! ```text
-//! pointwise   dxᵢ = Wᵀ · dzᵢ       dW = Σᵢ dzᵢ · xᵢᵀ                (gemm)
+//! forward   Z = X · Wᵀ        input grad   dX = dZ · W        weight grad   dW = dZᵀ · X
 //! ```
-//! Arithmetic is f32; half-precision tensors are widened an image (or a band of the weight)
-//! at a time and the result rounded once, so no widened copy of a whole activation exists.
-//! Anything else (other strides, padding, groups, dtypes) returns `None` and takes Flex's ops.
+//! Arithmetic is f32; half-precision tensors are widened a task's rows (or a band of the
+//! weight) at a time and the result rounded once, so no widened copy of a whole activation
+//! exists. Anything else (other strides, padding, groups, dtypes) returns `None` and takes
+//! Flex's ops.
 
 use std::borrow::Cow;
 

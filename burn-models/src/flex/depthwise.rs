@@ -5,7 +5,8 @@
 //! every tap at every output place is one multiply-add over a contiguous run of `c` channels
 //! against the tap's `c` weights: vectors across channels, however small the plane.
 //! MobileNet's last planes are 4×4 and 2×2 with 256 or 512 channels: plane by plane, the
-//! per-plane bookkeeping cost more than the arithmetic.
+//! per-plane bookkeeping cost more than the arithmetic. The loops are
+//! compiled for AVX2 too (`wide_simd!`, in `values.rs`).
 //!
 //! ```text
 //! forward      out[y, x, :]  = Σ_t w[t, :] · in[s·y + ky, s·x + kx, :]      (taps in order)
