@@ -108,8 +108,9 @@ fn pointwise(
 }
 
 /// Weight elements read for a band of output columns when the weight must be widened or
-/// rounded: 64 KiB of f32, so no widened copy of a whole weight exists.
-const WEIGHT_BAND: usize = 1 << 14;
+/// rounded: 256 KiB of f32 (a quarter of MobileNet's widest weight), so no widened copy of a
+/// whole weight exists (at 64 KiB, the f16-mixed step widened each task's rows up to 16 times).
+const WEIGHT_BAND: usize = 1 << 16;
 
 /// A band of the right-hand matrix: its f32 values and their (row, column) strides.
 type Band<'a> = (Cow<'a, [f32]>, (usize, usize));

@@ -244,8 +244,8 @@ fn direct_depthwise_and_pointwise_convs_equal_flexs() {
         ("depthwise 5×5 s3 pad 1", 8, 8, 5, 3, 1, 1, 8, 11),
         ("depthwise 2×2 s1 no pad", 8, 8, 2, 1, 0, 1, 8, 5),
         ("pointwise", 16, 24, 1, 1, 0, 1, 1, 5),
-        // 160 · 128 weights: more than one band of the weight (flex/conv.rs, WEIGHT_BAND).
-        ("pointwise banded", 160, 128, 1, 1, 0, 1, 1, 3),
+        // 320 · 256 weights: more than one band of the weight (flex/conv.rs, WEIGHT_BAND).
+        ("pointwise banded", 320, 256, 1, 1, 0, 1, 1, 3),
         ("dilated depthwise", 8, 8, 3, 1, 2, 2, 8, 9),
     ];
     for (what, c_in, c_out, k, stride, pad, dilation, groups, side) in cases {
