@@ -77,7 +77,7 @@ pub(crate) fn channels_first(t: FlexTensor) -> FlexTensor {
 
 /// Each of `n` images of `t`'s buffer, `[rows, cols]`, as `[cols, rows]`, into a contiguous
 /// tensor of `t`'s shape (which the caller relabels when the result is channels last);
-/// `None` for elements of other sizes than 2 and 4 bytes.
+/// `None` for elements of other sizes than 2 and 4 bytes, or a misaligned buffer.
 fn transposed(t: &FlexTensor, (n, rows, cols): (usize, usize, usize)) -> Option<FlexTensor> {
     fn images<T: bytemuck::Pod + Send + Sync>(
         src: &[T],
@@ -100,13 +100,14 @@ fn transposed(t: &FlexTensor, (n, rows, cols): (usize, usize, usize)) -> Option<
             });
         dst
     }
+    // A buffer not aligned to its elements (none of Flex's are) takes Flex's copy.
     let bytes = match t.dtype().size() {
         4 => Bytes::from_elems(images(
-            bytemuck::cast_slice::<u8, u32>(t.bytes()),
+            bytemuck::try_cast_slice::<u8, u32>(t.bytes()).ok()?,
             (n, rows, cols),
         )),
         2 => Bytes::from_elems(images(
-            bytemuck::cast_slice::<u8, u16>(t.bytes()),
+            bytemuck::try_cast_slice::<u8, u16>(t.bytes()).ok()?,
             (n, rows, cols),
         )),
         _ => return None,
