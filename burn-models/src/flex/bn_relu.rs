@@ -197,7 +197,7 @@ fn forward_row(z: &[f32], at: Saved<'_>, y: &mut [f32]) {
     let c = mean.len();
     let (z, scale, beta, y) = (&z[..c], &scale[..c], &beta[..c], &mut y[..c]);
     for j in 0..c {
-        y[j] = (z[j] - mean[j]) * scale[j] + beta[j];
+        y[j] = normalized(z[j], mean[j], scale[j], beta[j]);
     }
     if at.dtype != DType::F32 {
         round_through(y, at.dtype);
@@ -241,7 +241,7 @@ wide_simd! {
         let (scale, beta) = (&scale[..c], &beta[..c]);
         for (o, x) in out.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
             for j in 0..c {
-                let y = (x[j] - mean[j]) * scale[j] + beta[j];
+                let y = normalized(x[j], mean[j], scale[j], beta[j]);
                 o[j] = pass_where(y, y);
             }
         }
@@ -286,6 +286,13 @@ wide_simd! {
             }
         }
     }
+}
+
+/// `(z − μ)·(r·γ) + β`: batch norm's output before the ReLU, one expression for forward and
+/// for backward's re-evaluation of the ReLU's mask, which must agree bit for bit.
+#[inline(always)]
+fn normalized(z: f32, mean: f32, scale: f32, beta: f32) -> f32 {
+    (z - mean) * scale + beta
 }
 
 /// Whether every vector is a contiguous f32 `[channels]`.

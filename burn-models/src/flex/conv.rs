@@ -112,6 +112,11 @@ fn pointwise(
 /// whole weight exists (at 64 KiB, the f16-mixed step widened each task's rows up to 16 times).
 const WEIGHT_BAND: usize = 1 << 16;
 
+/// Weight gradients with fewer elements than this are summed in `GROUPS` partial sums side
+/// by side (at most 8 × 256 KiB of f32 beside the result); larger ones by gemm's own threads.
+/// (The same value as `WEIGHT_BAND`, which this threshold used until it got its own name.)
+const GROUPED_WEIGHT: usize = 1 << 16;
+
 /// A band of the right-hand matrix: its f32 values and their (row, column) strides.
 type Band<'a> = (Cow<'a, [f32]>, (usize, usize));
 
@@ -227,9 +232,9 @@ fn band(weight: &FlexTensor, dtype: DType, (inner, cols): (usize, usize)) -> usi
 /// A pointwise convolution — `weight [m, k, 1, 1]` over `x [n, k, h, w]`, stride 1, no
 /// padding, one group, no bias — on [channels-last](super::channels_last) activations: one
 /// product `out [n·h·w, m] = x [n·h·w, k] · Wᵀ` over the whole batch, [a few
-/// rows](task_rows) per rayon task. Half precision is widened a task's rows at a time and rounded once; the weight (in
-/// `x`'s dtype or its f32 master copy) is read in place when f32, else widened and rounded a
-/// band of output channels at a time. `None` for any other shape or dtype: the caller takes
+/// rows](task_rows) per rayon task. Half precision is widened a task's rows at a time and
+/// rounded once; the weight (in `x`'s dtype or its f32 master copy) is read in place when
+/// f32, else widened and rounded a band of output channels at a time. `None` for any other shape or dtype: the caller takes
 /// Flex's conv.
 pub(crate) fn pointwise_conv(
     x: &FlexTensor,
@@ -312,7 +317,7 @@ pub(crate) fn pointwise_weight_backward(
         _ => 4 * task_rows(m + k),
     };
     // Groups of at least 256 rows, or one sum.
-    let dw = if m * k >= WEIGHT_BAND || rows < GROUPS * 256 {
+    let dw = if m * k >= GROUPED_WEIGHT || rows < GROUPS * 256 {
         let mut dw = vec![0f32; m * k];
         let mut wide = [Vec::new(), Vec::new()];
         for r0 in (0..rows).step_by(per) {
