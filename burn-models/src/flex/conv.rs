@@ -23,11 +23,9 @@ use burn::tensor::{bf16, f16, Bytes, DType, Shape};
 use rayon::prelude::*;
 
 use super::channels_last::{channels_last, relabel};
-use super::gemm_f32;
 use super::half_slices::Half;
-use super::values::{
-    build, round_through, stored, supported, task_rows, values, values_in, widen_into,
-};
+use super::values::{round_through, stored, supported, task_rows, values, values_in, widen_into};
+use super::{gemm_f32, gemm_new};
 
 /// Whether a backward kernel takes `weight` for a conv computed in `dtype`: the weight in that
 /// dtype, or its f32 master copy, which forward rounded to `dtype` (the kernels round it as
@@ -136,13 +134,19 @@ fn rows_times<'w>(
         per: task_rows(inner.max(cols)),
     };
     if band >= cols && a.dtype() == DType::F32 {
-        let b = band_of(0, cols);
-        let out = build(
-            dims.to_vec(),
-            lhs.per * cols,
+        // All f32: one product over the whole batch, written straight into the result (gemm
+        // packs the weight once and shares the rows' tiles out over its threads).
+        let (b, strides) = band_of(0, cols);
+        let out = gemm_new(
+            (rows, cols, inner),
+            (&values(a, 0, rows * inner), (inner, 1)),
+            (&b, strides),
+            true,
+        );
+        let out = FlexTensor::new(
+            Bytes::from_elems(out),
+            Layout::contiguous(Shape::new(dims)),
             DType::F32,
-            Vec::new,
-            |wide, i, dst| lhs.times(&b, cols, i, wide, dst),
         );
         return relabel(out, dims);
     }

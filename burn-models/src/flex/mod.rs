@@ -231,29 +231,83 @@ pub(super) fn gemm_f32(
     dst: &mut [f32],
     add: bool,
     lhs: &[f32],
-    (l_rs, l_cs): (usize, usize),
+    lhs_strides: (usize, usize),
     rhs: &[f32],
-    (r_rs, r_cs): (usize, usize),
+    rhs_strides: (usize, usize),
+    parallel: bool,
+) {
+    assert!(dst.len() >= rows * cols);
+    // SAFETY: `dst` holds `rows · cols` initialised values.
+    unsafe {
+        gemm_raw(
+            (rows, cols, inner),
+            dst.as_mut_ptr(),
+            add,
+            (lhs, lhs_strides),
+            (rhs, rhs_strides),
+            parallel,
+        )
+    }
+}
+
+/// `lhs · rhs` in f32 as a new row-major `[rows, cols]` buffer, written once by gemm (never
+/// zeroed first), over gemm's own threads when `parallel`. Each value's sum runs over `inner`
+/// in gemm's order, whatever the thread count (gemm shares out output tiles, not the sum).
+pub(super) fn gemm_new(
+    (rows, cols, inner): (usize, usize, usize),
+    lhs: (&[f32], (usize, usize)),
+    rhs: (&[f32], (usize, usize)),
+    parallel: bool,
+) -> Vec<f32> {
+    let len = rows
+        .checked_mul(cols)
+        .expect("gemm_new: a countable product");
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    // SAFETY: `out` has room for `rows · cols` values; gemm does not read it (`add` false)
+    // and writes every one of them, after which they are initialised.
+    unsafe {
+        gemm_raw(
+            (rows, cols, inner),
+            out.as_mut_ptr(),
+            false,
+            lhs,
+            rhs,
+            parallel,
+        );
+        out.set_len(len);
+    }
+    out
+}
+
+/// `dst [rows, cols] (= or +=) lhs · rhs` in f32 through a raw row-major destination.
+///
+/// # Safety
+/// `dst` must be valid for writes of `rows · cols` values, and for reads of them when `add`.
+unsafe fn gemm_raw(
+    (rows, cols, inner): (usize, usize, usize),
+    dst: *mut f32,
+    add: bool,
+    (lhs, (l_rs, l_cs)): (&[f32], (usize, usize)),
+    (rhs, (r_rs, r_cs)): (&[f32], (usize, usize)),
     parallel: bool,
 ) {
     // The extents the strides reach, checked so that the call below stays in bounds.
     let reach = |r: usize, c: usize, rs: usize, cs: usize| (r - 1) * rs + (c - 1) * cs + 1;
     assert!(rows > 0 && cols > 0 && inner > 0);
-    assert!(dst.len() >= rows * cols);
     assert!(lhs.len() >= reach(rows, inner, l_rs, l_cs));
     assert!(rhs.len() >= reach(inner, cols, r_rs, r_cs));
     let parallelism = match parallel && rows * cols * inner >= 1 << 18 {
         true => gemm::Parallelism::Rayon(0),
         false => gemm::Parallelism::None,
     };
-    // SAFETY: the asserts above keep every address the strides form inside the slices; `dst`
-    // is row-major [rows, cols].
+    // SAFETY: the asserts above keep every address the strides form inside the slices; the
+    // caller vouches for `dst`, row-major [rows, cols].
     unsafe {
         gemm::gemm(
             rows,
             cols,
             inner,
-            dst.as_mut_ptr(),
+            dst,
             1,
             cols as isize,
             add,
