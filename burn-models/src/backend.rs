@@ -298,9 +298,10 @@ impl ModelBackend for burn::backend::Flex {
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
         let direct = flex::pointwise_conv(&x, &weight, &options)
-            .or_else(|| flex::depthwise_conv(&x, &weight, &options));
-        // Flex's conv for the rest (the stem), its output made channels last like the
-        // direct convs' (the layout the fused blocks hand on, and that backward saves).
+            .or_else(|| flex::depthwise_conv(&x, &weight, &options))
+            .or_else(|| flex::dense_conv(&x, &weight, &options));
+        // Flex's conv for the rest (dilated or grouped), its output made channels last like
+        // the direct convs' (the layout the fused blocks hand on, and that backward saves).
         direct.unwrap_or_else(|| {
             flex::channels_last(&flex::in_f32([flex::channels_first(x), weight], |[x, w]| {
                 <Self as burn::tensor::ops::ModuleOps<Self>>::conv2d(x, w, None, options)
@@ -336,7 +337,8 @@ impl ModelBackend for burn::backend::Flex {
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
         let direct = flex::pointwise_weight_backward(&x, &weight, &dz, &options)
-            .or_else(|| flex::depthwise_weight_backward(&x, &weight, &dz, &options));
+            .or_else(|| flex::depthwise_weight_backward(&x, &weight, &dz, &options))
+            .or_else(|| flex::dense_weight_backward(&x, &weight, &dz, &options));
         match direct {
             Some(dw) => dw,
             None => {

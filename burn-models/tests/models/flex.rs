@@ -124,19 +124,20 @@ fn add_matmul_equals_matmul_then_add() {
 }
 
 /// The pointwise conv (positions on gemm's left) equals Flex's 1×1 conv: f32 to rounding of the
-/// sum's order, f16 and bf16 to one unit in the last place of the half result; a 3×3 conv
-/// takes Flex's own path, bit for bit (for half operands: its f32 conv of them widened,
+/// sum's order, f16 and bf16 to one unit in the last place of the half result; a grouped
+/// 3×3 conv takes Flex's own path, bit for bit (for half operands: its f32 conv of them widened,
 /// rounded once).
 #[test]
 fn pointwise_conv_equals_flexs_conv() {
     use burn::tensor::module::conv2d;
     use burn::tensor::ops::ConvOptions;
     let device = Default::default();
-    let options = |pad| ConvOptions::new([1, 1], [pad, pad], [1, 1], 1);
+    // Padding 1 with two groups: a conv no direct kernel covers.
+    let options = |pad| ConvOptions::new([1, 1], [pad, pad], [1, 1], 1 + pad);
     let cases = [
         ([3, 40, 2, 2], [24, 40, 1, 1], 0),
         ([2, 8, 5, 7], [16, 8, 1, 1], 0),
-        ([2, 8, 5, 7], [4, 8, 3, 3], 1),
+        ([2, 8, 5, 7], [4, 4, 3, 3], 1),
     ];
     for (xs, ws, pad) in cases {
         let x = Tensor::<Flex, 4>::random(xs, Distribution::Normal(0.0, 1.0), &device);
@@ -213,6 +214,45 @@ fn half_linear_input_grad_equals_the_generic_path() {
     }
 }
 
+/// The dense conv's weight gradient over a batch split in groups of images (flex/dense.rs:
+/// 8 partial sums side by side, added in order) equals Flex's within rounding of the sums'
+/// order, and does not depend on the number of threads, bit for bit.
+#[test]
+fn dense_conv_weight_gradient_over_image_groups() {
+    use burn::tensor::ops::{ConvOptions, ModuleOps};
+    let device = Default::default();
+    let prim = |t: Tensor<Flex, 4>| t.into_primitive().tensor();
+    let float = |p| Tensor::<Flex, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(p));
+    let options = ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
+    let x = Tensor::<Flex, 4>::random([11, 3, 8, 8], Distribution::Normal(0.0, 1.0), &device);
+    let w = Tensor::<Flex, 4>::random([16, 3, 3, 3], Distribution::Normal(0.0, 0.3), &device);
+    let dz = Tensor::<Flex, 4>::random([11, 16, 8, 8], Distribution::Normal(0.0, 1.0), &device);
+    let ours = || {
+        float(<Flex as ModelBackend>::float_conv2d_weight_backward(
+            prim(x.clone()),
+            prim(w.clone()),
+            prim(dz.clone()),
+            options.clone(),
+        ))
+    };
+    let theirs = float(Flex::conv2d_weight_backward(
+        prim(x.clone()),
+        prim(w.clone()),
+        prim(dz.clone()),
+        options.clone(),
+    ));
+    let on_threads = |n: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(n).build();
+        pool.expect("a thread pool").install(ours).into_data()
+    };
+    let (one, three) = (on_threads(1), on_threads(3));
+    assert_eq!(one, three, "the same bits on 1 and 3 threads");
+    let ours = Tensor::<Flex, 4>::from_data(one, &device);
+    let scale = theirs.clone().abs().max().into_scalar();
+    let err = (ours - theirs).abs().max().into_scalar() / scale;
+    assert!(err <= 1e-5, "relative error {err}");
+}
+
 /// The CPU's direct depthwise and pointwise convs (forward, input gradient, weight gradient)
 /// against Flex's own ops, in f32 to rounding of the sums' order and in f16/bf16 as close to
 /// the f32 result of the same operands as Flex's, give or take one rounding of the type;
@@ -247,6 +287,12 @@ fn direct_depthwise_and_pointwise_convs_equal_flexs() {
         // 320 · 256 weights: more than one band of the weight (flex/conv.rs, WEIGHT_BAND).
         ("pointwise banded", 320, 256, 1, 1, 0, 1, 1, 3),
         ("dilated depthwise", 8, 8, 3, 1, 2, 2, 8, 9),
+        // Dense convs (im2col + gemm; the input gradient is Flex's): MobileNet's stem, and
+        // other kernels, strides and paddings.
+        ("dense stem 3×3", 3, 16, 3, 1, 1, 1, 1, 9),
+        ("dense 3×3 s2", 4, 8, 3, 2, 1, 1, 1, 8),
+        ("dense 5×5 s3 pad 2", 5, 6, 5, 3, 2, 1, 1, 11),
+        ("dense 2×2 s1 no pad", 6, 4, 2, 1, 0, 1, 1, 5),
     ];
     for (what, c_in, c_out, k, stride, pad, dilation, groups, side) in cases {
         let options = ConvOptions::new([stride; 2], [pad; 2], [dilation; 2], groups);
