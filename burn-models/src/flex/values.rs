@@ -86,6 +86,9 @@ pub(super) fn task_rows(width: usize) -> usize {
     ((1 << 14) / width.max(1)).clamp(1, 256)
 }
 
+/// f32 values rounded into a half type.
+type Narrow<H> = fn(&[f32], &mut [H]);
+
 /// A `dtype` tensor of `shape` whose values are made in chunks of `per` (the last may be
 /// shorter) in f32 by `f(scratch, i, out)` for chunk `i` (given zeros, and a scratch `S` per
 /// rayon task, made by `init`), in parallel, and rounded chunk by chunk.
@@ -96,13 +99,14 @@ pub(super) fn build<S>(
     init: impl Fn() -> S + Sync + Send,
     f: impl Fn(&mut S, usize, &mut [f32]) + Sync,
 ) -> FlexTensor {
-    /// Each chunk made in a task's f32 buffer (in cache), stored as `H` and copied once into
-    /// the result, which is never zeroed: zeroing it first was a pass over memory of its own
-    /// (6% of an f32 MobileNet step).
+    /// Each chunk made in a task's f32 buffer (in cache), copied once into the result: from
+    /// the buffer when `H` is f32 (`narrow` is `None`), else from a second buffer it is
+    /// `narrow`ed into. The result is never zeroed: zeroing it first was a pass over memory of
+    /// its own (6% of an f32 MobileNet step); staging f32 in the second buffer too cost 5%.
     fn made<H: bytemuck::Pod + Send + Sync + burn::tensor::Element, S>(
         (len, per): (usize, usize),
         zero: H,
-        store: fn(&[f32], &mut [H]),
+        narrow: Option<Narrow<H>>,
         init: &(impl Fn() -> S + Sync + Send),
         f: &(impl Fn(&mut S, usize, &mut [f32]) + Sync),
     ) -> Bytes {
@@ -111,14 +115,27 @@ pub(super) fn build<S>(
             .par_chunks_mut(per)
             .enumerate()
             .for_each_init(
-                || (vec![0f32; per], vec![zero; per], init()),
+                || {
+                    (
+                        vec![0f32; per],
+                        vec![zero; narrow.map_or(0, |_| per)],
+                        init(),
+                    )
+                },
                 |(buf, stored, scratch), (i, o)| {
-                    let (buf, stored) = (&mut buf[..o.len()], &mut stored[..o.len()]);
+                    let buf = &mut buf[..o.len()];
                     buf.fill(0.0);
                     f(scratch, i, buf);
-                    store(buf, stored);
-                    for (dst, &v) in o.iter_mut().zip(stored.iter()) {
-                        dst.write(v);
+                    match narrow {
+                        Some(narrow) => {
+                            let stored = &mut stored[..o.len()];
+                            narrow(buf, stored);
+                            o.write_copy_of_slice(stored);
+                        }
+                        // f32 results: the buffer itself.
+                        None => {
+                            o.write_copy_of_slice(bytemuck::cast_slice(buf));
+                        }
                     }
                 },
             );
@@ -128,9 +145,9 @@ pub(super) fn build<S>(
     }
     let (len, per) = (shape.iter().product::<usize>(), per.max(1));
     let bytes = match dtype {
-        DType::F16 => made((len, per), f16::ZERO, f16::narrow, &init, &f),
-        DType::BF16 => made((len, per), bf16::ZERO, bf16::narrow, &init, &f),
-        _ => made((len, per), 0f32, |s, d| d.copy_from_slice(s), &init, &f),
+        DType::F16 => made((len, per), f16::ZERO, Some(f16::narrow), &init, &f),
+        DType::BF16 => made((len, per), bf16::ZERO, Some(bf16::narrow), &init, &f),
+        _ => made::<f32, S>((len, per), 0f32, None, &init, &f),
     };
     FlexTensor::new(bytes, Layout::contiguous(Shape::from(shape)), dtype)
 }
