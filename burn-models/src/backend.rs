@@ -126,7 +126,8 @@ pub trait ModelBackend: Backend {
     /// block](crate::conv_bn_relu) runs it: `[output, mean, var, rstd]`, the output in `z`'s
     /// dtype and the `[channels]` statistics in `work` (`var` biased, `rstd` = 1/√(var + ε)).
     /// Its output must be what [`bn_relu_backward`](Self::bn_relu_backward) recomputes for
-    /// the ReLU's mask. The CPU backend runs it in two passes over `z` for batch norm in f32.
+    /// the ReLU's mask. The CPU backend runs it in two passes over `z` for batch norm in f32
+    /// (statistics, then the output).
     fn bn_relu_forward(
         z: FloatTensor<Self>,
         gamma: FloatTensor<Self>,

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! forward   pass 1 (down the rows)  μ = mean(z)   σ² = mean((z − μ)²)   r = 1/√(σ² + ε)
+//!                                   (per run of rows in cache, runs merged: one read)
 //!           pass 2 (row by row)     out = relu((z − μ)·(r·γ) + β)          rounded to z's dtype
 //! backward  pass 1 (down the rows)  y as forward made it   dy = dout·[y > 0]   Σ dy,  Σ dy·x̂
 //!           pass 2 (row by row)     dz = γ·r·(dy − mean(dy) − x̂·mean(dy·x̂))  rounded to z's dtype
@@ -51,12 +52,10 @@ pub(crate) fn bn_relu_forward(
     let z = channels_last(z);
     let count = rows as f64;
 
-    // Pass 1: each channel's mean, then the mean of squares about it.
-    let sum = column_sums::<1, ()>(&z, (rows, c), |_, _, run, acc| add_rows(run, acc));
-    let mean: Vec<f32> = sum.iter().map(|s| (s[0] / count) as f32).collect();
-    let squares =
-        column_sums::<1, ()>(&z, (rows, c), |_, _, run, acc| add_squares(run, &mean, acc));
-    let var: Vec<f32> = squares.iter().map(|s| (s[0] / count) as f32).collect();
+    // Pass 1: each channel's mean and variance, in one read of `z`.
+    let moments = moments(&z, (rows, c));
+    let mean: Vec<f32> = moments.mean.iter().map(|&m| m as f32).collect();
+    let var: Vec<f32> = moments.m2.iter().map(|m2| (m2 / count) as f32).collect();
     let rstd: Vec<f32> = var
         .iter()
         .map(|v| 1.0 / (v + epsilon as f32).sqrt())
@@ -140,6 +139,92 @@ pub(crate) fn bn_relu_backward(
     Some([relabel(dz, dims), vector(1), vector(0)])
 }
 
+/// Per-channel count, mean and sum of squared deviations from it (M2), in f64.
+struct Moments {
+    count: f64,
+    mean: Vec<f64>,
+    m2: Vec<f64>,
+}
+
+impl Moments {
+    fn new(c: usize) -> Self {
+        Self {
+            count: 0.0,
+            mean: vec![0.0; c],
+            m2: vec![0.0; c],
+        }
+    }
+
+    /// `self` and another part's moments as one (Chan, Golub and LeVeque's pairwise update).
+    fn merge(&mut self, count: f64, mean: &[f64], m2: &[f64]) {
+        let total = self.count + count;
+        if total == 0.0 {
+            return;
+        }
+        let parts = self
+            .mean
+            .iter_mut()
+            .zip(&mut self.m2)
+            .zip(mean.iter().zip(m2));
+        for ((ma, m2a), (&mb, &m2b)) in parts {
+            let delta = mb - *ma;
+            *ma += delta * count / total;
+            *m2a += m2b + delta * delta * self.count * count / total;
+        }
+        self.count = total;
+    }
+}
+
+/// The per-channel [`Moments`] of a channels-last `[rows, c]` tensor in one read: each run of
+/// `SPAN` rows (in cache) is summed, then its deviations from that mean and their squares are
+/// summed (in f32, as vectors across channels), and the runs' moments merged in f64, runs and
+/// rayon tasks in row order (fixed by the shape). Two passes over the tensor (the mean, then
+/// the squares about it) read it from memory twice.
+fn moments(z: &FlexTensor, (rows, c): (usize, usize)) -> Moments {
+    let per = task_rows(c);
+    let tasks: Vec<Moments> = (0..rows.div_ceil(per))
+        .into_par_iter()
+        .map_init(
+            || {
+                (
+                    Vec::new(),
+                    vec![0f32; c],
+                    vec![0f32; 2 * c],
+                    [vec![0f64; c], vec![0f64; c]],
+                )
+            },
+            |(wide, shift, sums, [mean, m2]), t| {
+                let mut moments = Moments::new(c);
+                let end = ((t + 1) * per).min(rows);
+                for r0 in (t * per..end).step_by(SPAN) {
+                    let len = SPAN.min(end - r0);
+                    let run = values_in(z, r0 * c, len * c, wide);
+                    // Sums of deviations from the run's f32 mean, which is close enough that
+                    // they are small and exact the mean and M2 of the run in f64.
+                    shift.fill(0.0);
+                    add_rows(run, shift);
+                    shift.iter_mut().for_each(|m| *m /= len as f32);
+                    sums.fill(0.0);
+                    add_deviations(run, shift, sums);
+                    let count = len as f64;
+                    for j in 0..c {
+                        let (d, d2) = (sums[j] as f64, sums[c + j] as f64);
+                        mean[j] = shift[j] as f64 + d / count;
+                        m2[j] = (d2 - d * d / count).max(0.0);
+                    }
+                    moments.merge(count, mean, m2);
+                }
+                moments
+            },
+        )
+        .collect();
+    let mut total = Moments::new(c);
+    for part in &tasks {
+        total.merge(part.count, &part.mean, &part.m2);
+    }
+    total
+}
+
 /// Per-channel sums down a channels-last `[rows, c]` tensor: `add(scratch, first row, rows'
 /// values, acc)` adds a run of at most `SPAN` rows (widened to f32) into `acc` (`[K·c]` zeros:
 /// `K` sums per channel), with a scratch `S` per rayon task; each run's sums are added in
@@ -220,14 +305,16 @@ wide_simd! {
 }
 
 wide_simd! {
-    /// `acc[j] += (row[j] − mean[j])²` for every row of `run`.
-    fn add_squares(run: &[f32], mean: &[f32], acc: &mut [f32]) {
-        let c = acc.len();
-        let mean = &mean[..c];
+    /// `acc[j] += d`, `acc[c + j] += d²` for `d = row[j] − shift[j]`, for every row of `run`.
+    fn add_deviations(run: &[f32], shift: &[f32], acc: &mut [f32]) {
+        let (sum, squares) = acc.split_at_mut(acc.len() / 2);
+        let c = sum.len();
+        let (shift, squares) = (&shift[..c], &mut squares[..c]);
         for row in run.chunks_exact(c) {
             for j in 0..c {
-                let d = row[j] - mean[j];
-                acc[j] += d * d;
+                let d = row[j] - shift[j];
+                sum[j] += d;
+                squares[j] += d * d;
             }
         }
     }

@@ -422,3 +422,53 @@ fn direct_depthwise_and_pointwise_convs_equal_flexs() {
         }
     }
 }
+
+/// The CPU's batch-norm statistics (one read of `z`: runs of rows in cache, their moments
+/// merged in f64) on channels whose mean is 10⁴ standard deviations from zero, where a sum of
+/// squares less the squared mean would keep no digit of the variance: mean and biased
+/// variance within f32 rounding of an f64 two-pass reference, for a plane count that leaves
+/// a short last run.
+#[test]
+fn batch_norm_statistics_hold_far_from_zero() {
+    let device = Default::default();
+    let (n, c, side) = (5, 24, 7);
+    let prim = |t: Tensor<Flex, 1>| t.into_primitive().tensor();
+    let offsets = Tensor::<Flex, 1>::random([c], Distribution::Uniform(-1.0, 1.0), &device)
+        .mul_scalar(1e4)
+        .reshape([1, c, 1, 1]);
+    let z = Tensor::<Flex, 4>::random([n, c, side, side], Distribution::Normal(0.0, 1.0), &device)
+        + offsets;
+    let values: Vec<f32> = z.clone().into_data().to_vec().expect("f32 values");
+    let gamma = Tensor::<Flex, 1>::ones([c], &device);
+    let beta = Tensor::<Flex, 1>::zeros([c], &device);
+    let [_, mean, var, _] = <Flex as ModelBackend>::bn_relu_forward(
+        z.into_primitive().tensor(),
+        prim(gamma),
+        prim(beta),
+        DType::F32,
+        1e-5,
+    );
+    let vector = |p| {
+        let t = Tensor::<Flex, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(p));
+        t.into_data().to_vec::<f32>().expect("f32 values")
+    };
+    let (mean, var) = (vector(mean), vector(var));
+    let plane = side * side;
+    for j in 0..c {
+        let channel: Vec<f64> = (0..n)
+            .flat_map(|i| &values[(i * c + j) * plane..][..plane])
+            .map(|&v| v as f64)
+            .collect();
+        let count = channel.len() as f64;
+        let mu = channel.iter().sum::<f64>() / count;
+        let sigma2 = channel.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / count;
+        let mean_err = (mean[j] as f64 - mu).abs() / mu.abs();
+        assert!(mean_err <= 1e-6, "channel {j}: mean {} vs {mu}", mean[j]);
+        let var_err = (var[j] as f64 - sigma2).abs() / sigma2;
+        assert!(
+            var_err <= 1e-4,
+            "channel {j}: variance {} vs {sigma2}",
+            var[j]
+        );
+    }
+}
