@@ -181,7 +181,8 @@ pub(crate) fn depthwise_conv(
     let out = build(dims.to_vec(), image_out, x.dtype(), scratch, |s, i, out| {
         let image = values_in(&x, i * image_in, image_in, &mut s.wide);
         pad_into(image, (g.h, g.w, c), g.pad, g.wp, &mut s.padded);
-        taps_forward(g, &wt, &s.padded, out); // `out` comes zeroed
+        out.fill(0.0); // the taps add into it
+        taps_forward(g, &wt, &s.padded, out);
     });
     Some(relabel(out, dims))
 }

@@ -62,19 +62,11 @@ pub(super) fn supported(t: &FlexTensor) -> bool {
 }
 
 /// `v` rounded to `dtype` and back, in place: the value a cast to `dtype` gives (a no-op
-/// for f32). Through the slice conversions, 64 values at a time.
+/// for f32).
 pub(super) fn round_through(v: &mut [f32], dtype: DType) {
-    fn through<H: Half>(v: &mut [f32], zero: H) {
-        let mut buf = [zero; 64];
-        for chunk in v.chunks_mut(64) {
-            let half = &mut buf[..chunk.len()];
-            H::narrow(chunk, half);
-            H::widen(half, chunk);
-        }
-    }
     match dtype {
-        DType::F16 => through(v, f16::ZERO),
-        DType::BF16 => through(v, bf16::ZERO),
+        DType::F16 => f16::round(v),
+        DType::BF16 => bf16::round(v),
         _ => {}
     }
 }
@@ -90,8 +82,10 @@ pub(super) fn task_rows(width: usize) -> usize {
 type Narrow<H> = fn(&[f32], &mut [H]);
 
 /// A `dtype` tensor of `shape` whose values are made in chunks of `per` (the last may be
-/// shorter) in f32 by `f(scratch, i, out)` for chunk `i` (given zeros, and a scratch `S` per
-/// rayon task, made by `init`), in parallel, and rounded chunk by chunk.
+/// shorter) in f32 by `f(scratch, i, out)` for chunk `i` (with a scratch `S` per rayon task,
+/// made by `init`), in parallel, and rounded chunk by chunk. `f` writes every value of `out`,
+/// which holds what the task's previous chunk left there (zeroing it first was 1.5% of a
+/// MobileNet step; a kernel that adds into its output zeroes it itself).
 pub(super) fn build<S>(
     shape: Vec<usize>,
     per: usize,
@@ -124,7 +118,6 @@ pub(super) fn build<S>(
                 },
                 |(buf, stored, scratch), (i, o)| {
                     let buf = &mut buf[..o.len()];
-                    buf.fill(0.0);
                     f(scratch, i, buf);
                     match narrow {
                         Some(narrow) => {
