@@ -16,9 +16,25 @@ pub(crate) trait Half: Copy + Send + Sync + 'static {
     fn widen(src: &[Self], dst: &mut [f32]);
     /// `dst = src` rounded to nearest, ties to even; the slices have equal lengths.
     fn narrow(src: &[f32], dst: &mut [Self]);
+
+    /// `v` rounded to this type and widened back, in place (through the slice conversions,
+    /// 64 values at a time).
+    fn round(v: &mut [f32]) {
+        let mut buf = [Self::ZERO; 64];
+        for chunk in v.chunks_mut(64) {
+            let half = &mut buf[..chunk.len()];
+            Self::narrow(chunk, half);
+            Self::widen(half, chunk);
+        }
+    }
+
+    /// Zero.
+    const ZERO: Self;
 }
 
 impl Half for bf16 {
+    const ZERO: Self = bf16::ZERO;
+
     fn widen(src: &[Self], dst: &mut [f32]) {
         src.convert_to_f32_slice(dst);
     }
@@ -29,6 +45,8 @@ impl Half for bf16 {
 }
 
 impl Half for f16 {
+    const ZERO: Self = f16::ZERO;
+
     fn widen(src: &[Self], dst: &mut [f32]) {
         assert_eq!(src.len(), dst.len(), "widen: slices of equal length");
         #[cfg(target_arch = "x86_64")]
@@ -49,6 +67,21 @@ impl Half for f16 {
             return;
         }
         dst.convert_from_f32_slice(src);
+    }
+
+    fn round(v: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if f16c() {
+            // SAFETY: the CPU has AVX and F16C (checked above).
+            unsafe { x86::round(v) };
+            return;
+        }
+        let mut buf = [f16::ZERO; 64];
+        for chunk in v.chunks_mut(64) {
+            let half = &mut buf[..chunk.len()];
+            half.convert_from_f32_slice(chunk);
+            half.convert_to_f32_slice(chunk);
+        }
     }
 }
 
@@ -97,5 +130,25 @@ mod x86 {
             }
         }
         dst[whole..].convert_from_f32_slice(&src[whole..]);
+    }
+
+    /// `v` rounded to f16 and back in place, eight values in registers at a time.
+    ///
+    /// # Safety
+    /// The CPU has AVX and F16C.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn round(v: &mut [f32]) {
+        let whole = v.len() / 8 * 8;
+        for i in (0..whole).step_by(8) {
+            // SAFETY: `i + 8 ≤ whole ≤ v.len()`; unaligned loads and stores.
+            unsafe {
+                let p = v.as_mut_ptr().add(i);
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(p));
+                _mm256_storeu_ps(p, _mm256_cvtph_ps(h));
+            }
+        }
+        for x in &mut v[whole..] {
+            *x = f16::from_f32(*x).to_f32();
+        }
     }
 }
