@@ -24,7 +24,9 @@ use rayon::prelude::*;
 
 use super::channels_last::{channels_last, relabel};
 use super::half_slices::Half;
-use super::values::{round_through, stored, supported, task_rows, values, values_in, widen_into};
+use super::values::{
+    build, round_through, stored, supported, task_rows, values, values_in, widen_into,
+};
 use super::{gemm_f32, gemm_new};
 
 /// Whether a backward kernel takes `weight` for a conv computed in `dtype`: the weight in that
@@ -147,6 +149,19 @@ fn rows_times<'w>(
             Bytes::from_elems(out),
             Layout::contiguous(Shape::new(dims)),
             DType::F32,
+        );
+        return relabel(out, dims);
+    }
+    if band >= cols {
+        // Half precision, one band: each task's rows widened, multiplied and rounded into
+        // their place in the result (never zeroed first).
+        let b = band_of(0, cols);
+        let out = build(
+            dims.to_vec(),
+            lhs.per * cols,
+            a.dtype(),
+            Vec::new,
+            |wide, i, dst| lhs.times(&b, cols, i, wide, dst),
         );
         return relabel(out, dims);
     }
