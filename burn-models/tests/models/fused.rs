@@ -116,12 +116,11 @@ fn batch_norm(channels: usize) -> BatchNorm<B> {
 }
 
 /// Conv → BN → ReLU, fused and composed, for a dense 3×3, a depthwise stride-2 3×3 and a
-/// pointwise 1×1: output, running statistics and every gradient (x, w, γ, β). The dense conv
-/// runs through Flex's ops either way, and so does batch norm in f16: bit for bit. The CPU
-/// runs depthwise and pointwise convs directly (`flex/depthwise.rs`, `flex/conv.rs`), and
-/// batch norm in f32 → ReLU forward, and backward for half activations
-/// (`flex/bn_relu.rs`), whose sums go in another order: equal to the compute dtype's
-/// rounding.
+/// pointwise 1×1: output, running statistics and every gradient (x, w, γ, β). The CPU runs
+/// the fused block's convs directly (`flex/dense.rs`, `flex/depthwise.rs`, `flex/conv.rs`;
+/// the composed layers call Flex's conv), and batch norm in f32 → ReLU forward, and backward
+/// for half activations (`flex/bn_relu.rs`), whose sums go in another order: equal to the
+/// compute dtype's rounding.
 #[test]
 fn conv_bn_relu_equals_the_composed_layers() {
     let device = Default::default();
