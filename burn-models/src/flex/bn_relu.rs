@@ -178,8 +178,8 @@ impl Moments {
 /// The per-channel [`Moments`] of a channels-last `[rows, c]` tensor in one read: each run of
 /// `SPAN` rows (in cache) is summed, then its deviations from that mean and their squares are
 /// summed (in f32, as vectors across channels), and the runs' moments merged in f64, runs and
-/// rayon tasks in row order (fixed by the shape). Two passes over the tensor (the mean, then
-/// the squares about it) read it from memory twice.
+/// rayon tasks in row order (fixed by the shape). (Two passes, the mean and then the squares
+/// about it, read the tensor from memory twice.)
 fn moments(z: &FlexTensor, (rows, c): (usize, usize)) -> Moments {
     let per = task_rows(c);
     let tasks: Vec<Moments> = (0..rows.div_ceil(per))
@@ -199,8 +199,8 @@ fn moments(z: &FlexTensor, (rows, c): (usize, usize)) -> Moments {
                 for r0 in (t * per..end).step_by(SPAN) {
                     let len = SPAN.min(end - r0);
                     let run = values_in(z, r0 * c, len * c, wide);
-                    // Sums of deviations from the run's f32 mean, which is close enough that
-                    // they are small and exact the mean and M2 of the run in f64.
+                    // Deviations from the run's f32 mean are small: their sums give the
+                    // run's mean and M2 in f64 without cancellation.
                     shift.fill(0.0);
                     add_rows(run, shift);
                     shift.iter_mut().for_each(|m| *m /= len as f32);
