@@ -117,6 +117,34 @@ const WEIGHT_BAND: usize = 1 << 16;
 /// (The same value as `WEIGHT_BAND`, which this threshold used until it got its own name.)
 const GROUPED_WEIGHT: usize = 1 << 16;
 
+/// Weight gradients too small for gemm's threads to share are summed in this many partial
+/// sums side by side.
+pub(super) const GROUPS: usize = 8;
+
+/// `size` f32 sums over `count` terms (rows, images) in [`GROUPS`] fixed ranges side by side:
+/// `add(sum, range)` adds the terms of `range` into its zeroed `sum`, and the group sums are
+/// added in range order, so the bits do not depend on the thread count.
+pub(super) fn summed_in_groups(
+    size: usize,
+    count: usize,
+    add: impl Fn(&mut [f32], std::ops::Range<usize>) + Sync,
+) -> Vec<f32> {
+    let per = count.div_ceil(GROUPS);
+    let sums: Vec<Vec<f32>> = (0..GROUPS)
+        .into_par_iter()
+        .map(|g| {
+            let mut sum = vec![0f32; size];
+            add(&mut sum, (g * per).min(count)..((g + 1) * per).min(count));
+            sum
+        })
+        .collect();
+    let mut total = vec![0f32; size];
+    for sum in &sums {
+        total.iter_mut().zip(sum).for_each(|(t, v)| *t += v);
+    }
+    total
+}
+
 /// A band of the right-hand matrix: its f32 values and their (row, column) strides.
 type Band<'a> = (Cow<'a, [f32]>, (usize, usize));
 
@@ -319,7 +347,6 @@ pub(crate) fn pointwise_weight_backward(
     dz: &FlexTensor,
     o: &ConvOptions<2>,
 ) -> Option<FlexTensor> {
-    const GROUPS: usize = 8;
     let (n, k, m, s) = pointwise(x, weight, dz, o)?;
     let (x, dz, rows) = (channels_last(x), channels_last(dz), n * s);
     // dW += dzᵀ[r0..r0 + len] · x[r0..r0 + len]
@@ -344,23 +371,12 @@ pub(crate) fn pointwise_weight_backward(
         }
         dw
     } else {
-        let group = rows.div_ceil(GROUPS);
-        let sums: Vec<Vec<f32>> = (0..GROUPS)
-            .into_par_iter()
-            .map(|g| {
-                let (start, end) = (g * group, ((g + 1) * group).min(rows));
-                let (mut dw, mut wide) = (vec![0f32; m * k], [Vec::new(), Vec::new()]);
-                for r0 in (start..end).step_by(per) {
-                    add_rows(&mut dw, r0, per.min(end - r0), false, &mut wide);
-                }
-                dw
-            })
-            .collect();
-        let mut dw = vec![0f32; m * k];
-        for sum in &sums {
-            dw.iter_mut().zip(sum).for_each(|(d, v)| *d += v);
-        }
-        dw
+        summed_in_groups(m * k, rows, |dw, range| {
+            let mut wide = [Vec::new(), Vec::new()];
+            for r0 in range.clone().step_by(per) {
+                add_rows(dw, r0, per.min(range.end - r0), false, &mut wide);
+            }
+        })
     };
     Some(weight_grad(dw, vec![m, k, 1, 1], x.dtype(), weight.dtype()))
 }

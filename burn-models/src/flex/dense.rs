@@ -20,10 +20,9 @@
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::ops::ConvOptions;
-use rayon::prelude::*;
 
 use super::channels_last::{channels_last, relabel};
-use super::conv::{rounds_to, weight_grad, weight_values};
+use super::conv::{rounds_to, summed_in_groups, weight_grad, weight_values, GROUPS};
 use super::gemm_f32;
 use super::values::{build, supported, values_in};
 
@@ -31,10 +30,9 @@ use super::values::{build, supported, values_in};
 /// conv.
 const MAX_PATCH: usize = 1 << 22;
 
-/// Weight gradients with fewer elements than this are summed in `GROUPS` partial sums side by
-/// side; larger ones image by image by gemm's own threads.
+/// Weight gradients with fewer elements than this are summed in [`GROUPS`] partial sums side
+/// by side; larger ones image by image by gemm's own threads.
 const GROUPED_WEIGHT: usize = 1 << 16;
-const GROUPS: usize = 8;
 
 /// A dense conv's geometry.
 #[derive(Clone, Copy)]
@@ -207,20 +205,7 @@ pub(crate) fn dense_weight_backward(
         add_images(&mut dw, 0..g.n, true);
         dw
     } else {
-        let per = g.n.div_ceil(GROUPS);
-        let sums: Vec<Vec<f32>> = (0..GROUPS)
-            .into_par_iter()
-            .map(|k| {
-                let mut dw = vec![0f32; size];
-                add_images(&mut dw, (k * per).min(g.n)..((k + 1) * per).min(g.n), false);
-                dw
-            })
-            .collect();
-        let mut dw = vec![0f32; size];
-        for sum in &sums {
-            dw.iter_mut().zip(sum).for_each(|(d, v)| *d += v);
-        }
-        dw
+        summed_in_groups(size, g.n, |dw, images| add_images(dw, images, false))
     };
     let shape = vec![g.cout, g.cin, g.kh, g.kw];
     Some(weight_grad(dw, shape, x.dtype(), weight.dtype()))
