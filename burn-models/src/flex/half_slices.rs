@@ -17,15 +17,9 @@ pub(crate) trait Half: Copy + Send + Sync + 'static {
     /// `dst = src` rounded to nearest, ties to even; the slices have equal lengths.
     fn narrow(src: &[f32], dst: &mut [Self]);
 
-    /// `v` rounded to this type and widened back, in place (through the slice conversions,
-    /// 64 values at a time).
+    /// `v` rounded to this type and widened back, in place.
     fn round(v: &mut [f32]) {
-        let mut buf = [Self::ZERO; 64];
-        for chunk in v.chunks_mut(64) {
-            let half = &mut buf[..chunk.len()];
-            Self::narrow(chunk, half);
-            Self::widen(half, chunk);
-        }
+        round_via_slices::<Self>(v);
     }
 
     /// Zero.
@@ -76,12 +70,18 @@ impl Half for f16 {
             unsafe { x86::round(v) };
             return;
         }
-        let mut buf = [f16::ZERO; 64];
-        for chunk in v.chunks_mut(64) {
-            let half = &mut buf[..chunk.len()];
-            half.convert_from_f32_slice(chunk);
-            half.convert_to_f32_slice(chunk);
-        }
+        round_via_slices::<Self>(v);
+    }
+}
+
+/// `v` rounded to `H` and widened back, in place, through `H`'s slice conversions, 64 values
+/// at a time.
+fn round_via_slices<H: Half>(v: &mut [f32]) {
+    let mut buf = [H::ZERO; 64];
+    for chunk in v.chunks_mut(64) {
+        let half = &mut buf[..chunk.len()];
+        H::narrow(chunk, half);
+        H::widen(half, chunk);
     }
 }
 
