@@ -75,8 +75,8 @@ pub const FIXED_ON_RESUME: [&str; 16] = [
     "precision.batch_norm_f32",
 ];
 
-/// The files of a checkpoint set.
-const FILES: [&str; 4] = ["model.mpk", "optim.mpk", "state.json", "steps.csv"];
+/// The files of a checkpoint set (besides its manifest).
+pub const FILES: [&str; 4] = ["model.mpk", "optim.mpk", "state.json", "steps.csv"];
 
 /// Writes `model`, `optim`, `state` and the step log (`steps_csv`) as one set into `dir`.
 pub fn save<M: AutodiffModule<B>, B: AutodiffBackend>(
