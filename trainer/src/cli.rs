@@ -107,9 +107,14 @@ pub struct CompareArgs {
     #[arg(long, value_name = "KEY=V1,V2,…")]
     pub sweep: Option<String>,
 
-    /// Folder for the reports and each run's outputs.
-    #[arg(long, default_value = "runs/compare", value_name = "DIR")]
-    pub out: PathBuf,
+    /// Folder for the reports and each run's outputs [default: runs/compare, or runs/compare-N
+    /// when an earlier report is there].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+
+    /// Replace the report of an earlier compare in a named --out.
+    #[arg(long)]
+    pub overwrite: bool,
 
     /// A line written under every chart, e.g. when, where and at which commit it was measured
     /// (one line, at most 300 characters).
@@ -146,8 +151,9 @@ pub struct FindArgs {
     #[arg(long, default_value_t = 0.1, value_name = "FRACTION", value_parser = fraction)]
     pub margin: f64,
 
-    /// Largest micro-batch to try (at least 1).
-    #[arg(long, default_value_t = 4096, value_name = "N", value_parser = at_least_one)]
+    /// Largest micro-batch to try (1 to 65,536, the bound of train.batch_size; trials also stop
+    /// at the train split's size).
+    #[arg(long, default_value_t = 4096, value_name = "N", value_parser = batch_bound)]
     pub max_batch: usize,
 
     /// Also write the trials and the answer as JSON to PATH.
@@ -217,16 +223,17 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// The `--set` list with the convenience flags folded in, in precedence order.
-    pub fn all_overrides(&self) -> Vec<String> {
-        let mut all = self.config.overrides.clone();
+    /// The convenience flags as `key=value` overrides, applied after the `--set`s (which are
+    /// validated without them first).
+    pub fn flag_overrides(&self) -> Vec<String> {
+        let mut flags = Vec::new();
         if let Some(b) = self.backend {
-            all.push(format!("backend.kind={}", b.name()));
+            flags.push(format!("backend.kind={}", b.name()));
         }
         if let Some(n) = self.max_steps {
-            all.push(format!("train.max_steps={n}"));
+            flags.push(format!("train.max_steps={n}"));
         }
-        all
+        flags
     }
 }
 
@@ -236,6 +243,17 @@ fn at_least_one(text: &str) -> Result<usize, String> {
         Ok(n) if n >= 1 => Ok(n),
         Ok(_) => Err("must be at least 1".into()),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A micro-batch for `--max-batch`: 1 to `train.batch_size`'s bound.
+fn batch_bound(text: &str) -> Result<usize, String> {
+    let max = crate::config::MAX_BATCH;
+    match at_least_one(text)? {
+        n if n > max => Err(format!(
+            "must be at most {max} (the bound of train.batch_size)"
+        )),
+        n => Ok(n),
     }
 }
 

@@ -87,14 +87,19 @@ impl From<Exit> for ExitCode {
 /// speak for themselves; anything else is one line, `config error: …` for a bad config and
 /// `error: …` otherwise.
 pub fn describe(error: &anyhow::Error) -> String {
-    if let Exit::OutOfMemory | Exit::Interrupted | Exit::Terminated = Exit::of(error) {
-        return format!("{error:#}");
+    // A path or value may hold an escape sequence or a newline: it reaches the terminal
+    // escaped, and a one-line error stays one line. The diagnosis keeps its own lines.
+    match Exit::of(error) {
+        Exit::OutOfMemory | Exit::Interrupted | Exit::Terminated => format!("{error:#}")
+            .lines()
+            .map(crate::report::printable)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => crate::report::printable(&match error.downcast_ref::<ConfigError>() {
+            Some(_) => format!("config error: {error:#}"),
+            None => format!("error: {error:#}"),
+        }),
     }
-    let prefix = match error.downcast_ref::<ConfigError>() {
-        Some(_) => "config error",
-        None => "error",
-    };
-    format!("{prefix}: {error:#}")
 }
 
 #[cfg(test)]

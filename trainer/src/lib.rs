@@ -10,6 +10,7 @@
 //! | [`config`] | the TOML file: one file per section, each with its raw struct, validated spec and validation |
 //! | [`data`] | synthetic images and CIFAR-10, normalised and batched |
 //! | [`model`] | the network a config names (SimpleModel or MobileNet, from `burn-models`) |
+//! | [`outputs`] | where a run writes: folders claimed and locked, output paths checked before any work |
 //! | [`backend`] | CPU (Flex), CUDA or wgpu (Vulkan/Metal), chosen once at start-up: `mod.rs` (types, `auto`), `cuda.rs`, `wgpu.rs` (adapters) |
 //! | [`training`] | the loop (`training/mod.rs`, read beside the article's PyTorch loop) and its parts |
 //! | [`memory`] | one probe (`probe.rs`) over the heap or a CubeCL pool (`heap.rs`, `cube.rs`) sampled at every layer boundary (`timeline.rs`), the analytic estimate, the OOM diagnosis and its capture, `free_cache` |
@@ -43,6 +44,7 @@ pub mod exit;
 pub mod malloc;
 pub mod memory;
 pub mod model;
+pub mod outputs;
 pub mod panics;
 pub mod report;
 pub mod training;

@@ -9,6 +9,7 @@ use std::process::Command;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
+use crate::config::BackendKind;
 use crate::exit::Exit;
 use crate::report::summary::Summary;
 
@@ -54,6 +55,9 @@ impl Failure {
 pub struct Args {
     config: Option<PathBuf>,
     sets: Vec<String>,
+    /// `--backend`, `--max-steps`: applied after the `--set`s, which the child validates
+    /// without them first.
+    flags: Vec<String>,
     trial: bool,
     overwrite: bool,
 }
@@ -77,6 +81,30 @@ impl Args {
     pub fn sets<S: Into<String>>(mut self, sets: impl IntoIterator<Item = S>) -> Self {
         self.sets.extend(sets.into_iter().map(Into::into));
         self
+    }
+
+    /// `--backend KIND` for the child.
+    pub fn backend(mut self, kind: BackendKind) -> Self {
+        self.flags.extend(["--backend".into(), kind.name().into()]);
+        self
+    }
+
+    /// `--max-steps N` for the child.
+    pub fn max_steps(mut self, n: usize) -> Self {
+        self.flags.extend(["--max-steps".into(), n.to_string()]);
+        self
+    }
+
+    /// The flags as the overrides they stand for, after [`overrides`](Self::overrides).
+    pub fn flag_overrides(&self) -> Vec<String> {
+        self.flags
+            .chunks(2)
+            .filter_map(|f| match f {
+                [flag, v] if flag == "--backend" => Some(format!("backend.kind={v}")),
+                [flag, v] if flag == "--max-steps" => Some(format!("train.max_steps={v}")),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Replaces what an earlier child left in its folder (`--overwrite`): the parent owns it.
@@ -106,6 +134,7 @@ impl Args {
         for set in self.sets.iter().chain([&output]) {
             args.extend(["--set".into(), set.clone()]);
         }
+        args.extend(self.flags.iter().cloned());
         for (flag, name) in [("--summary-json", SUMMARY), ("--failure-json", FAILURE)] {
             args.extend([flag.into(), dir.join(name).display().to_string()]);
         }

@@ -10,8 +10,12 @@ pub fn run(args: EstimateArgs, dry: bool) -> anyhow::Result<()> {
     let settings = settings(
         args.config.config.as_deref(),
         &args.config.overrides,
+        &[],
         Purpose::Estimate,
     )?;
+    if let Some(path) = &args.json {
+        crate::outputs::file::check("--json", path)?;
+    }
     if dry {
         return dry_run_ok(&format!("{} loads", settings.path.display()));
     }

@@ -73,7 +73,7 @@ pub fn find(search: &Search) -> anyhow::Result<Found> {
             .clone()
             .set(format!("train.batch_size={b}"))
             .set("train.accum_steps=1")
-            .set("train.max_steps=1")
+            .max_steps(1)
             .trial();
         let dir = search.scratch.join(format!("batch-{b}"));
         let t = match child::train(&args, &dir)? {
@@ -126,6 +126,13 @@ pub fn find(search: &Search) -> anyhow::Result<Found> {
             limit: search.limit,
         }
         .into());
+    }
+    if bad.is_none() && good < search.max_batch {
+        // Doubling stepped over the largest size allowed: try that size itself.
+        match trial(search.max_batch)? {
+            true => good = search.max_batch,
+            false => bad = Some(search.max_batch),
+        }
     }
     if let Some(mut bad) = bad {
         // To within 1/16 of the answer: finer steps cost trials and gain little.
@@ -191,12 +198,16 @@ pub fn run(args: FindArgs, dry: bool) -> anyhow::Result<()> {
         },
         ..
     } = &args;
-    let mut overrides = sets.clone();
-    if let Some(b) = args.backend {
-        overrides.push(format!("backend.kind={}", b.name()));
-    }
-    let settings = settings(config.as_deref(), &overrides, Purpose::Train)?;
+    let flags: Vec<String> = args
+        .backend
+        .iter()
+        .map(|b| format!("backend.kind={}", b.name()))
+        .collect();
+    let settings = settings(config.as_deref(), sets, &flags, Purpose::Train)?;
     let budget = args.budget.or(settings.memory.budget);
+    if let Some(path) = &args.json {
+        crate::outputs::file::check("--json", path)?;
+    }
     if dry {
         return dry_run_ok(&format!("{} loads", settings.path.display()));
     }
@@ -218,13 +229,24 @@ pub fn run(args: FindArgs, dry: bool) -> anyhow::Result<()> {
     // Every trial runs on the backend chosen here, whatever `auto` would pick in the child.
     let trial = child::Args::new(config.as_deref())
         .sets(sets.iter().cloned())
-        .set(format!("backend.kind={}", selected.kind().name()));
+        .backend(selected.kind());
+    // A window never holds more than the train split: a larger trial would measure the split.
+    let split = settings.data.train_images();
+    if args.max_batch > split {
+        eprintln!(
+            "note: the train split has {split} images, so micro-batches above {split} are not \
+             tried (a trial would train on {split})"
+        );
+    }
+    let scratch = settings.train.output_dir.join("find-batch-size");
+    // One search per config at a time: the trials' folders are this search's.
+    let _owned = crate::outputs::claim_scratch(&scratch)?;
     let search = Search {
         args: trial,
         limit,
         effective_batch: settings.train.effective_batch(),
-        max_batch: args.max_batch,
-        scratch: settings.train.output_dir.join("find-batch-size"),
+        max_batch: args.max_batch.min(split),
+        scratch,
     };
     let found = find(&search)?;
     let shown = config

@@ -4,7 +4,6 @@ pub mod child;
 pub mod compare;
 pub mod estimate;
 pub mod find_batch_size;
-pub mod outputs;
 pub mod run;
 
 use std::path::Path;
@@ -35,19 +34,22 @@ pub(crate) fn dry_run_ok(what: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The config at `path` (else the embedded default) with `overrides` applied.
+/// The config at `path` (else the embedded default) with the user's `overrides` applied, then
+/// the command's own `flags` (`--backend`, `--max-steps`, written as `key=value`). The config
+/// is validated before the flags are applied too, so a flag never hides an invalid value.
 pub(crate) fn settings(
     path: Option<&Path>,
     overrides: &[String],
+    flags: &[String],
     purpose: Purpose,
 ) -> Result<Settings, ConfigError> {
-    match path {
-        Some(path) => config::load_file_for(path, overrides, purpose),
-        None => config::load_for(
-            DEFAULT_CONFIG,
-            "embedded/amp.toml".as_ref(),
-            overrides,
-            purpose,
-        ),
+    let load = |sets: &[String]| match path {
+        Some(path) => config::load_file_for(path, sets, purpose),
+        None => config::load_for(DEFAULT_CONFIG, "embedded/amp.toml".as_ref(), sets, purpose),
+    };
+    let settings = load(overrides)?;
+    if flags.is_empty() {
+        return Ok(settings);
     }
+    load(&[overrides, flags].concat())
 }

@@ -1,6 +1,6 @@
 //! The default command: train one config and print its summary.
 
-use super::{dry_run_ok, outputs, settings};
+use super::{dry_run_ok, settings};
 use crate::backend::{self, Selected};
 use crate::backend::{CpuBackend, CpuCheckpointed, CudaBackend, CudaCheckpointed};
 use crate::backend::{WgpuBackend, WgpuCheckpointed};
@@ -12,12 +12,17 @@ use crate::memory::diagnosis;
 use crate::memory::estimate::Target;
 use crate::memory::heap::{Heap, HeapProbe};
 use crate::memory::host;
+use crate::outputs;
 use crate::training::{train, RunOptions};
 
 /// Trains, prints the summary table and writes `--summary-json`.
 pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
-    let overrides = cli.all_overrides();
-    let settings = settings(cli.config.config.as_deref(), &overrides, Purpose::Train)?;
+    let settings = settings(
+        cli.config.config.as_deref(),
+        &cli.config.overrides,
+        &cli.flag_overrides(),
+        Purpose::Train,
+    )?;
     if dry {
         return dry_run_ok(&format!("{} loads", settings.path.display()));
     }
@@ -34,14 +39,18 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
             return Err(unsupported_dtype(settings.precision.mode, &selected.name()).into());
         }
     }
-    let settings = match cli.trial {
-        true => settings,
-        false => outputs::prepare(
-            settings,
-            cli.resume.as_deref(),
-            cli.overwrite,
-            cli.summary_json.as_deref(),
-        )?,
+    // The output folder stays this run's until it ends (the lock is released with `_owned`).
+    let (settings, _owned) = match cli.trial {
+        true => (settings, None),
+        false => {
+            let (settings, lock) = outputs::prepare(
+                settings,
+                cli.resume.as_deref(),
+                cli.overwrite,
+                cli.summary_json.as_deref(),
+            )?;
+            (settings, Some(lock))
+        }
     };
     let target = Target::of(selected.kind());
     if !cli.trial && !cli.skip_memory_check {

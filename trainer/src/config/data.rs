@@ -80,7 +80,18 @@ impl DataSpec {
             Self::Cifar10 { .. } => CIFAR10_IMAGES,
         }
     }
+
+    /// Images in the train split: no window holds more.
+    pub fn train_images(&self) -> usize {
+        match self {
+            Self::Synthetic { train_size, .. } => *train_size,
+            Self::Cifar10 { .. } => CIFAR10_TRAIN_IMAGES,
+        }
+    }
 }
+
+/// Images in CIFAR-10's five train files.
+pub const CIFAR10_TRAIN_IMAGES: usize = 50_000;
 
 /// Checks `[data]` against the model's `input_size`.
 pub fn validate(d: &RawData, input_size: usize) -> Result<DataSpec, ConfigError> {

@@ -25,6 +25,7 @@ pub use precision::{
     unsupported_dtype, LossScaleSpec, PrecisionMode, PrecisionSpec, MAX_SCALE, MIN_SCALE,
 };
 pub use train::TrainSpec;
+pub use train::MAX_BATCH;
 pub use train::{OptimizerName, ScheduleName};
 
 /// A whole config file as written: every key optional with its default; each section's
@@ -187,6 +188,10 @@ pub fn load_for(
     }
     for arg in overrides {
         apply_override(&mut table, arg)?;
+        if overrides.len() > 1 {
+            // A later `--set` of the same key must not hide an invalid earlier one.
+            deserialize(table.clone())?;
+        }
     }
     validate(path, deserialize(table)?, purpose)
 }

@@ -140,8 +140,12 @@ pub const MIN_SCALE: f64 = 1.0 / 16_777_216.0;
 /// The largest loss scale: 2⁴⁰. A loss of 10 times more than 2⁴⁰ is still far inside f32
 /// (3.4e38); 1e40 itself is infinite in f32.
 pub const MAX_SCALE: f64 = 1_099_511_627_776.0;
-const SCALE_RANGE: &str = "must be in [2^-24, 2^40] (5.96e-8 … 1.10e12): a larger scale \
-                           overflows the scaled loss, a smaller one flushes gradients to zero";
+/// The smallest scale a config may ask for: a scale below 1 shrinks the very gradients f16
+/// cannot hold, flushing them to zero, and the run would train on nothing. Only the dynamic
+/// scaler's back-off goes lower (to [`MIN_SCALE`]), and only after an overflow at a scale ≥ 1.
+pub const MIN_CONFIG_SCALE: f64 = 1.0;
+const SCALE_RANGE: &str = "must be in [1, 2^40] (1 … 1.10e12): a larger scale overflows the \
+                           scaled loss, a smaller one shrinks f16 gradients to zero";
 
 /// `[precision]`, validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -165,7 +169,7 @@ pub(super) fn validate(p: &RawPrecision) -> Result<PrecisionSpec, ConfigError> {
     let positive = |key: &'static str, v: f64| {
         if !(v > 0.0 && v.is_finite()) {
             Err(out_of_range(key, v, "must be a finite number > 0"))
-        } else if !(MIN_SCALE..=MAX_SCALE).contains(&v) {
+        } else if !(MIN_CONFIG_SCALE..=MAX_SCALE).contains(&v) {
             Err(out_of_range(key, v, SCALE_RANGE))
         } else {
             Ok(v)

@@ -132,6 +132,9 @@ pub const MAX_EPOCHS: usize = 1_000_000;
 /// Largest `train.max_steps` and `train.warmup_steps`.
 pub const MAX_STEPS: usize = 1_000_000_000;
 
+/// Smallest `train.lr`.
+pub const MIN_LR: f64 = 1e-9;
+
 /// Checks `[train]`; `path` (the config file) names the default output directory.
 pub fn validate(t: &RawTrain, path: &Path) -> Result<TrainSpec, ConfigError> {
     if t.batch_size == 0 {
@@ -168,6 +171,14 @@ pub fn validate(t: &RawTrain, path: &Path) -> Result<TrainSpec, ConfigError> {
             "train.lr",
             t.lr,
             "must be a finite number > 0",
+        ));
+    }
+    if t.lr < MIN_LR {
+        return Err(out_of_range(
+            "train.lr",
+            t.lr,
+            "must be at least 1e-9: a smaller step leaves every f32 weight above 0.01 as it was \
+             (Adam moves a weight by about lr per step), so nothing would train",
         ));
     }
     if !(0.0..1.0).contains(&t.momentum) {
@@ -220,9 +231,10 @@ pub fn validate(t: &RawTrain, path: &Path) -> Result<TrainSpec, ConfigError> {
             ));
         }
     }
+    // The config's name becomes a folder name: nothing in it may reach a terminal raw.
     let stem = path
         .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
+        .map(|s| crate::outputs::folder::safe_name(&s.to_string_lossy()))
         .unwrap_or_else(|| "run".into());
     if t.output_dir.as_deref().is_some_and(|d| d.trim().is_empty()) {
         return Err(out_of_range(

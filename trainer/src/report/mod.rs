@@ -40,11 +40,19 @@ pub fn suffixed(path: &Path, suffix: &str) -> PathBuf {
 }
 
 /// Writes `bytes` to `path` whole or not at all: into a temporary file beside it, synced, then
-/// renamed over it. On an error (a full disk) the temporary file is removed and `path` is as
-/// it was; the error names the path.
+/// renamed over it. `path` must be absent or a regular file ([`crate::outputs::file::fault`]):
+/// a link, a FIFO or a device there is an error, never replaced. On an error (a full disk) the
+/// temporary file is removed and `path` is as it was; the error names the path and the OS's
+/// reason.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    if let Some(fault) = crate::outputs::file::fault(path) {
+        anyhow::bail!(
+            "writing {}: {fault}",
+            printable(&path.display().to_string())
+        );
+    }
     let tmp = suffixed(path, ".partial");
-    let written = std::fs::File::create(&tmp)
+    let written = crate::outputs::file::create_fresh(&tmp)
         .and_then(|mut f| {
             f.write_all(bytes)?;
             f.sync_all()
@@ -53,5 +61,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    written.with_context(|| format!("writing {}", path.display()))
+    written.with_context(|| format!("writing {}", printable(&path.display().to_string())))
+}
+
+/// `text` safe to print on a terminal or in a report: control characters (an ANSI escape, a
+/// carriage return, a newline inside a name) are written as escapes (`\u{1b}`, `\r`, `\n`).
+pub fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_string();
+    }
+    text.chars()
+        .map(|c| match c.is_control() {
+            true => c.escape_default().to_string(),
+            false => c.to_string(),
+        })
+        .collect()
 }

@@ -132,15 +132,23 @@ impl StepLog {
         let csv = dir.join("steps.csv");
         super::write_atomic(&csv, self.csv().as_bytes())?;
         if scaled && !self.entries.is_empty() {
-            self.chart(&dir.join("loss_scale.svg"))?;
+            let svg = self.chart()?;
+            super::write_atomic(&dir.join("loss_scale.svg"), svg.as_bytes())?;
         }
         Ok(())
     }
 
-    /// The loss scale per window on a log axis; a red dot where the step was skipped.
-    pub fn chart(&self, path: &Path) -> anyhow::Result<()> {
+    /// The loss scale per window on a log axis, as SVG text; a red dot where the step was
+    /// skipped.
+    pub fn chart(&self) -> anyhow::Result<String> {
+        let mut svg = String::new();
+        self.draw(&mut svg)?;
+        Ok(svg)
+    }
+
+    fn draw(&self, svg: &mut String) -> anyhow::Result<()> {
         let draw = |e: DrawingAreaErrorKind<std::io::Error>| anyhow::anyhow!("drawing {e}");
-        let root = SVGBackend::new(path, (800, 400)).into_drawing_area();
+        let root = SVGBackend::with_string(svg, (800, 400)).into_drawing_area();
         root.fill(&WHITE).map_err(draw)?;
         let n = self.entries.len() as f64;
         let (lo, hi) = self

@@ -15,6 +15,8 @@ mod fused;
 mod memory;
 /// `[mistakes]`: evaluating with autograd, keeping loss tensors; compare's line charts.
 mod mistakes;
+/// Where a run writes: locked folders, regular output files, nothing it does not own.
+mod outputs;
 /// Mixed precision, loss scaling and accumulation through the binary.
 mod precision;
 /// Hostile input: no hang, no silent wrong state, nothing lost (issue 13).

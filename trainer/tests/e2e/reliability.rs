@@ -291,6 +291,8 @@ fn compare_exits_non_zero_when_a_config_fails_and_keeps_its_runs_inside_out() {
         "data.path=../../x",
         "--out",
         &arg(&out_dir),
+        // The folder holds the first compare's report, kept unless replaced.
+        "--overwrite",
     ]);
     // data.path does not apply to synthetic data: the row fails, inside --out.
     assert_eq!(sweep.status.code(), Some(1));

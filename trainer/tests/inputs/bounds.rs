@@ -58,8 +58,8 @@ fn huge_sizes_are_refused_with_their_bound() {
 /// The smaller gaps of issue 13, each one line naming the key.
 #[test]
 fn scales_paths_and_overrides_that_once_slipped_through() {
-    let scale = "must be in [2^-24, 2^40] (5.96e-8 … 1.10e12): a larger scale overflows the \
-                 scaled loss, a smaller one flushes gradients to zero";
+    let scale = "must be in [1, 2^40] (1 … 1.10e12): a larger scale overflows the scaled \
+                 loss, a smaller one shrinks f16 gradients to zero";
     assert_eq!(
         error("", &["precision.init_scale=1e30"]),
         format!("precision.init_scale = 1000000000000000000000000000000: {scale}")
@@ -103,6 +103,36 @@ fn scales_paths_and_overrides_that_once_slipped_through() {
     // An override does not hide a bad value in the file.
     assert_eq!(
         error("[backend]\nkind = \"tpu\"\n", &["backend.kind=cpu"]),
+        "backend.kind: unknown variant `tpu`, expected one of `auto`, `cuda`, `wgpu`, `cpu`"
+    );
+}
+
+/// Values that made a run meaningless while it exited 0 (issue 31): a loss scale that flushes
+/// every f16 gradient to zero, a denormal learning rate, an invalid value hidden by a later
+/// `--set` of the same key.
+#[test]
+fn values_that_would_train_on_nothing_are_refused() {
+    let scale = "must be in [1, 2^40] (1 … 1.10e12): a larger scale overflows the scaled loss, \
+                 a smaller one shrinks f16 gradients to zero";
+    assert_eq!(
+        error("", &["precision.loss_scale=1e-7"]),
+        format!("precision.loss_scale = 0.0000001: {scale}")
+    );
+    assert_eq!(
+        error("", &["precision.init_scale=0.5"]),
+        format!("precision.init_scale = 0.5: {scale}")
+    );
+    settings("", &["precision.mode=f16-mixed", "precision.loss_scale=1"]);
+    let lr = "must be at least 1e-9: a smaller step leaves every f32 weight above 0.01 as it \
+              was (Adam moves a weight by about lr per step), so nothing would train";
+    let line = error("", &["train.lr=1e-320"]);
+    assert!(
+        line.starts_with("train.lr = 0.000") && line.ends_with(&format!("1: {lr}")),
+        "{line}"
+    );
+    settings("", &["train.lr=1e-9"]);
+    assert_eq!(
+        error("", &["backend.kind=tpu", "backend.kind=cpu"]),
         "backend.kind: unknown variant `tpu`, expected one of `auto`, `cuda`, `wgpu`, `cpu`"
     );
 }

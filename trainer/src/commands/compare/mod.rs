@@ -15,6 +15,7 @@ use super::dry_run_ok;
 use crate::cli::CompareArgs;
 use crate::config::{self, BackendKind, ConfigError, Purpose, Settings};
 use crate::memory::estimate::{estimate, Estimate, Target, Terms};
+use crate::outputs::{self, folder};
 use crate::report::step_log::StepLog;
 use crate::report::summary::Summary;
 
@@ -81,7 +82,7 @@ pub struct Row {
 impl Row {
     fn finished(config: &Path, name: String, s: Summary) -> Self {
         Self {
-            config: config.display().to_string(),
+            config: crate::report::printable(&config.display().to_string()),
             name,
             model: Some(s.model),
             parameters: Some(s.parameters),
@@ -135,7 +136,7 @@ impl Row {
         error: String,
     ) -> Self {
         let mut row = Self {
-            config: config.display().to_string(),
+            config: crate::report::printable(&config.display().to_string()),
             name,
             error: Some(error),
             ..Self::default()
@@ -193,6 +194,13 @@ impl Sweep {
         if key.trim().is_empty() || values.iter().any(String::is_empty) {
             return Err(bad());
         }
+        if key.trim() == "train.max_steps" {
+            return Err(ConfigError::Value {
+                key: "--sweep",
+                value: arg.into(),
+                allowed: "--steps sets every run's steps: sweep another key".into(),
+            });
+        }
         if key.trim() == "train.output_dir" {
             return Err(ConfigError::Value {
                 key: "--sweep",
@@ -213,32 +221,17 @@ impl Sweep {
     }
 }
 
-/// A row name as one safe folder name: letters, digits, `.`, `_` and `-` kept, anything else
-/// (`/`, spaces, `=`) a `-`, and no name that is only dots, so `--sweep data.path=../../x`
-/// stays inside `--out`.
-fn folder_name(name: &str) -> String {
-    let safe: String = name
-        .chars()
-        .map(|c| match c {
-            'a'..='z' | 'A'..='Z' | '0'..='9' | '.' | '_' | '-' => c,
-            _ => '-',
-        })
-        .take(100)
-        .collect();
-    if safe.chars().all(|c| c == '.') {
-        format!("run{safe}").replace('.', "-")
-    } else {
-        safe
-    }
-}
+/// `--out` when not given.
+pub const DEFAULT_OUT: &str = "runs/compare";
 
 /// Each run of a plan: config, row name, extra `--set`s.
 fn runs(plan: &Plan) -> Vec<(&PathBuf, String, Vec<String>)> {
     let mut runs = Vec::new();
     for config in &plan.configs {
-        let stem = config
-            .file_stem()
-            .map_or_else(|| "config".into(), |s| s.to_string_lossy().into_owned());
+        let stem = config.file_stem().map_or_else(
+            || "config".into(),
+            |s| crate::report::printable(&s.to_string_lossy()),
+        );
         match &plan.sweep {
             None => runs.push((config, stem, Vec::new())),
             Some(sweep) => {
@@ -269,24 +262,28 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<Vec<Row>> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} configs  {elapsed}  {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let mut overrides = plan.sets.clone();
-    if let Some(b) = plan.backend {
-        overrides.push(format!("backend.kind={}", b.name()));
-    }
-    overrides.push(format!("train.max_steps={}", plan.steps));
     let mut taken = Vec::new();
     let mut rows = Vec::new();
     for (config, name, extra) in runs {
         bar.set_message(name.clone());
-        let dir = unique_dir(&plan.out.join("runs"), &folder_name(&name), &mut taken);
+        let dir = unique_dir(
+            &plan.out.join("runs"),
+            &folder::safe_name(&name),
+            &mut taken,
+        );
         // --out is compare's own folder: a repeated compare replaces its runs.
-        let args = child::Args::new(Some(config))
-            .sets(overrides.iter().cloned())
+        let mut args = child::Args::new(Some(config))
+            .sets(plan.sets.iter().cloned())
             .sets(extra)
+            .max_steps(plan.steps)
             .overwrite();
+        if let Some(b) = plan.backend {
+            args = args.backend(b);
+        }
         // The config as the child ran it, and its estimate: the terms chart's bars, and what a
         // failed run's row can still say.
-        let loaded = config::load_file_for(config, args.overrides(), Purpose::Train)
+        let as_run = [args.overrides(), &args.flag_overrides()].concat();
+        let loaded = config::load_file_for(config, &as_run, Purpose::Train)
             .ok()
             .map(|s| {
                 let e = estimate(&s, Target::of(s.backend));
@@ -314,19 +311,47 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<Vec<Row>> {
 
 /// `trainer compare`: runs the plan, prints the table and writes the reports.
 pub fn run(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
-    let plan = Plan {
+    let mut plan = Plan {
         configs: args.configs,
         steps: args.steps,
         backend: args.backend,
         sets: args.overrides,
         sweep: args.sweep.as_deref().map(Sweep::parse).transpose()?,
-        out: args.out,
+        out: args
+            .out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_OUT)),
         note: args.note,
     };
+    if let Some(set) = plan.sets.iter().find(|s| {
+        s.split_once('=')
+            .is_some_and(|(k, _)| k.trim() == "train.output_dir")
+    }) {
+        return Err(ConfigError::Value {
+            key: "--set",
+            value: set.clone(),
+            allowed: "compare gives every run its own folder under --out: name --out instead"
+                .into(),
+        }
+        .into());
+    }
+    if let (Some(sweep), Some(_)) = (&plan.sweep, plan.backend) {
+        if sweep.key == "backend.kind" {
+            return Err(ConfigError::Value {
+                key: "--sweep",
+                value: format!("{}={}", sweep.key, sweep.values.join(",")),
+                allowed: "--backend sets every run's backend: drop one of the two".into(),
+            }
+            .into());
+        }
+    }
     if dry {
         let n = check(&plan)?;
         return dry_run_ok(&format!("{n} runs, every config loads"));
     }
+    // --out is this compare's until it ends; an earlier report there is kept unless replaced.
+    let (out, _owned) = outputs::claim_report(&plan.out, args.out.is_some(), args.overwrite)?;
+    plan.out = out;
     let rows = run_plan(&plan)?;
     let heading = format!(
         "`trainer compare {}` — {} optimizer steps per config, backend {}",

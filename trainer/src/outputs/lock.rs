@@ -1,0 +1,93 @@
+//! An advisory lock on an output folder, held for the life of the process that claimed it.
+//!
+//! `flock` on `<folder>/.oomlab.lock`: the kernel releases it when the process ends, however it
+//! ends, so a crash never leaves a stale lock. The file holds the owner's pid, which a refused
+//! run names. It stays after the run and marks the folder as one this program writes in.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// The lock file's name inside a claimed folder.
+pub const LOCK_FILE: &str = ".oomlab.lock";
+
+/// A folder this process owns until the value is dropped (or the process ends).
+#[derive(Debug)]
+pub struct FolderLock {
+    // Holding the open file holds the lock.
+    _file: File,
+    dir: PathBuf,
+}
+
+/// Why a folder could not be locked.
+#[derive(Debug)]
+pub enum LockError {
+    /// Another process holds it (its pid, when it had written it).
+    Held(Option<u32>),
+    /// The lock file could not be opened or locked (or is not a regular file).
+    Io(std::io::Error),
+}
+
+impl FolderLock {
+    /// Takes the lock of `dir` (an existing folder) without waiting.
+    pub fn acquire(dir: &Path) -> Result<Self, LockError> {
+        let path = dir.join(LOCK_FILE);
+        // O_NOFOLLOW: a symlink planted as the lock file is refused (ELOOP), never followed;
+        // O_NONBLOCK: a FIFO there cannot block the open.
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(LockError::Io)?;
+        if !file.metadata().map_err(LockError::Io)?.is_file() {
+            return Err(LockError::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{LOCK_FILE} is not a regular file"),
+            )));
+        }
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Err(LockError::Held(owner(&mut file))),
+            Err(TryLockError::Error(e)) => return Err(LockError::Io(e)),
+        }
+        file.set_len(0)
+            .and_then(|()| file.write_all(format!("{}\n", std::process::id()).as_bytes()))
+            .map_err(LockError::Io)?;
+        Ok(Self {
+            _file: file,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// The folder held.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// The pid the holder wrote (the first 32 bytes are plenty for one).
+fn owner(file: &mut File) -> Option<u32> {
+    let mut text = String::new();
+    file.take(32).read_to_string(&mut text).ok()?;
+    text.trim().parse().ok()
+}
+
+impl LockError {
+    /// The refusal, for `key = dir: …`.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Held(Some(pid)) => format!(
+                "in use by another trainer process (pid {pid}): wait for it to end, or choose \
+                 another folder"
+            ),
+            Self::Held(None) => "in use by another trainer process: wait for it to end, or \
+                                 choose another folder"
+                .into(),
+            Self::Io(e) => format!("cannot lock it ({LOCK_FILE}): {e}"),
+        }
+    }
+}
