@@ -154,6 +154,8 @@ fn compare_draws_memory_per_step_the_timeline_and_the_batch_line() {
         "data.eval_size=16",
         "--out",
         &arg(&out_dir),
+        // The first compare's report is there: replacing it is asked for.
+        "--overwrite",
     ]);
     assert!(again.status.success(), "{}", stderr(&again));
     assert!(!out_dir.join("batch.svg").exists());
