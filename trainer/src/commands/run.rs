@@ -12,10 +12,14 @@ use crate::memory::diagnosis;
 use crate::memory::estimate::Target;
 use crate::memory::heap::{Heap, HeapProbe};
 use crate::memory::host;
+use crate::training::checkpoint;
+use crate::training::interrupt::{Interrupt, Stopped};
 use crate::training::{train, RunOptions};
 
-/// Trains, prints the summary table and writes `--summary-json`.
-pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
+/// Trains, prints the summary table and writes `--summary-json`; after a signal (`interrupt`)
+/// it stops cleanly: before the output folder is made, with nothing made; after, with a
+/// checkpoint.
+pub fn run(cli: RunArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()> {
     let overrides = cli.all_overrides();
     let settings = settings(cli.config.config.as_deref(), &overrides, Purpose::Train)?;
     if dry {
@@ -34,6 +38,10 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
             return Err(unsupported_dtype(settings.precision.mode, &selected.name()).into());
         }
     }
+    if let Some(signal) = interrupt.requested() {
+        let what = "stopped before training began; nothing was written".into();
+        return Err(Stopped { signal, what }.into());
+    }
     let settings = match cli.trial {
         true => settings,
         false => outputs::prepare(
@@ -43,6 +51,15 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
             cli.summary_json.as_deref(),
         )?,
     };
+    if !cli.trial {
+        let output = settings.train.output_dir.clone();
+        interrupt.on_second(move || {
+            // Stopped before the first checkpoint: the folder this run made holds nothing.
+            // (remove_dir removes only an empty folder.)
+            let _ = std::fs::remove_dir(&output);
+            checkpoint::describe(&checkpoint::dir(&output))
+        });
+    }
     let target = Target::of(selected.kind());
     if !cli.trial && !cli.skip_memory_check {
         diagnosis::check_budget(&settings, target)?;
@@ -55,6 +72,7 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
     let options = RunOptions {
         resume: cli.resume.as_deref(),
         trial: cli.trial,
+        interrupt: Some(interrupt),
     };
     let balanced = settings.memory.checkpointing == Checkpointing::Balanced;
     let s = &settings;
