@@ -11,7 +11,7 @@ use crate::data::DataError;
 use crate::memory::diagnosis::OutOfMemory;
 use crate::memory::host::{HostMemory, NothingFits};
 use crate::training::checkpoint_set::CheckpointError;
-use crate::training::interrupt::Interrupted;
+use crate::training::interrupt::{Interrupted, Stopped};
 
 /// How `trainer` ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,6 +26,8 @@ pub enum Exit {
     /// 3: out of memory (over `memory.budget`, over a GPU's free memory, or an allocation
     /// failed): the message ranks the fixes.
     OutOfMemory,
+    /// 129: stopped by SIGHUP (the terminal closed) after writing a checkpoint.
+    Hangup,
     /// 130: stopped by SIGINT (Ctrl-C) after writing a checkpoint.
     Interrupted,
     /// 143: stopped by SIGTERM after writing a checkpoint.
@@ -36,8 +38,10 @@ pub enum Exit {
 pub const HELP: &str =
     "Exit codes: 0 done, 1 runtime error, 2 bad config, flag, data or checkpoint, or a backend this
 machine lacks (no CUDA device, no Vulkan driver, a half type the device cannot do), 3 out of memory
-(over memory.budget, or a GPU allocation failed): the message ranks the fixes; 130 / 143
-stopped by Ctrl-C / SIGTERM after writing a checkpoint (a second signal stops at once).";
+(over memory.budget, or a GPU allocation failed): the message ranks the fixes; 130 / 143 / 129
+stopped by Ctrl-C / SIGTERM / SIGHUP (terminal closed) after writing a checkpoint; compare and
+find-batch-size stop their run and report what finished (a second signal stops at once, saying
+what was kept).";
 
 impl Exit {
     /// The process exit code.
@@ -47,6 +51,7 @@ impl Exit {
             Self::Runtime => 1,
             Self::BadInput => 2,
             Self::OutOfMemory => 3,
+            Self::Hangup => 129,
             Self::Interrupted => 130,
             Self::Terminated => 143,
         }
@@ -54,9 +59,12 @@ impl Exit {
 
     /// Which exit an error means.
     pub fn of(error: &anyhow::Error) -> Self {
-        if let Some(stop) = error.downcast_ref::<Interrupted>() {
-            return match stop.signal {
+        let signal = (error.downcast_ref::<Interrupted>().map(|i| i.signal))
+            .or_else(|| error.downcast_ref::<Stopped>().map(|s| s.signal));
+        if let Some(signal) = signal {
+            return match signal {
                 signal_hook::consts::SIGTERM => Self::Terminated,
+                signal_hook::consts::SIGHUP => Self::Hangup,
                 _ => Self::Interrupted,
             };
         }
@@ -90,11 +98,13 @@ pub fn describe(error: &anyhow::Error) -> String {
     // A path or value may hold an escape sequence or a newline: it reaches the terminal
     // escaped, and a one-line error stays one line. The diagnosis keeps its own lines.
     match Exit::of(error) {
-        Exit::OutOfMemory | Exit::Interrupted | Exit::Terminated => format!("{error:#}")
-            .lines()
-            .map(crate::report::printable)
-            .collect::<Vec<_>>()
-            .join("\n"),
+        Exit::OutOfMemory | Exit::Hangup | Exit::Interrupted | Exit::Terminated => {
+            format!("{error:#}")
+                .lines()
+                .map(crate::report::printable)
+                .collect::<Vec<_>>()
+                .join("\n")
+        }
         _ => crate::report::printable(&match error.downcast_ref::<ConfigError>() {
             Some(_) => format!("config error: {error:#}"),
             None => format!("error: {error:#}"),
@@ -113,6 +123,7 @@ mod tests {
             Exit::Runtime,
             Exit::BadInput,
             Exit::OutOfMemory,
+            Exit::Hangup,
             Exit::Interrupted,
             Exit::Terminated,
         ] {

@@ -2,9 +2,14 @@
 //! in a fresh `trainer` process, so memory peaks do not mix and a CUDA out-of-memory error
 //! takes down only that process, releasing its memory. A child reports success as its
 //! `--summary-json` and failure as its `--failure-json`: structured, never scraped from stderr.
+//!
+//! A child runs in its own process group, so a terminal's Ctrl-C reaches only the parent,
+//! which forwards it (and SIGTERM, SIGHUP) exactly once through its [`Interrupt`].
 
+use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -12,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::BackendKind;
 use crate::exit::Exit;
 use crate::report::summary::Summary;
+use crate::training::interrupt::{Interrupt, PARENT_PID_ENV};
 
 /// A child run that did not finish.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -151,23 +157,49 @@ impl Args {
 const SUMMARY: &str = "summary.json";
 const FAILURE: &str = "failure.json";
 
-/// Runs `trainer ARGS` with its outputs in `dir` and returns its summary, or its failure. An
-/// error is only for a process that could not be started, or a summary that cannot be read.
-pub fn train(args: &Args, dir: &Path) -> anyhow::Result<Result<Summary, Failure>> {
+/// Runs `trainer ARGS` with its outputs in `dir` and returns its summary, or its failure;
+/// `interrupt` forwards signals to it while it runs. An error is only for a process that
+/// could not be started, or a summary that cannot be read.
+pub fn train(
+    args: &Args,
+    dir: &Path,
+    interrupt: &Interrupt,
+) -> anyhow::Result<Result<Summary, Failure>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     for name in [SUMMARY, FAILURE] {
         let _ = std::fs::remove_file(dir.join(name));
     }
     let exe = std::env::current_exe().context("finding the trainer executable")?;
-    let out = Command::new(exe)
+    let mut child = Command::new(exe)
         .args(args.to_vec(dir))
-        .output()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .env(PARENT_PID_ENV, std::process::id().to_string())
+        // Its own process group: the terminal's signals reach the parent only.
+        .process_group(0)
+        .spawn()
         .context("starting a trainer process")?;
-    if !out.status.success() {
+    // Read on a thread while waiting, so a child that writes much never blocks on the pipe.
+    let stderr = child.stderr.take().map(|mut pipe| {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let _ = pipe.read_to_end(&mut text);
+            text
+        })
+    });
+    let status = interrupt
+        .wait(&mut child)
+        .context("waiting for a trainer process")?;
+    // The pipe closed when the child exited (it starts no processes of its own).
+    let stderr = stderr
+        .and_then(|reader| reader.join().ok())
+        .unwrap_or_default();
+    if !status.success() {
         return Ok(Err(read_failure(
             &dir.join(FAILURE),
-            out.status.code(),
-            &out.stderr,
+            status.code(),
+            &stderr,
         )));
     }
     let json = dir.join(SUMMARY);

@@ -2,9 +2,12 @@
 //! done properly. Trial steps at growing, then bisected, micro-batch sizes, each in a fresh
 //! child process (a CUDA out-of-memory error is caught there and its memory released). On the
 //! CPU there is no device limit, so the budget decides: a trial fits when its measured peak is
-//! within the budget less a safety margin.
+//! within the budget less a safety margin. A signal is forwarded to the running trial; the
+//! search then stops with the trials so far and the largest size that fitted.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -15,6 +18,7 @@ use crate::backend::{self, Selected};
 use crate::cli::{ConfigArgs, FindArgs};
 use crate::config::{self, Purpose};
 use crate::memory::human;
+use crate::training::interrupt::{Interrupt, Stopped};
 
 /// One trial step.
 #[derive(Debug, Clone, Serialize)]
@@ -58,14 +62,57 @@ pub struct Search {
     pub scratch: PathBuf,
 }
 
-/// Runs the trials and finds the largest micro-batch that fits.
-pub fn find(search: &Search) -> anyhow::Result<Found> {
+/// The largest micro-batch among `trials` that fitted, with its peak.
+fn largest_fit(trials: &[Trial]) -> Option<&Trial> {
+    trials
+        .iter()
+        .filter(|t| t.fits)
+        .max_by_key(|t| t.batch_size)
+}
+
+/// What a search stopped by `signal` after `trials` leaves: the trials are on stderr already,
+/// the answer so far is the error's line.
+fn stopped(signal: i32, trials: &[Trial], scratch: &std::path::Path) -> anyhow::Error {
+    let _ = std::fs::remove_dir_all(scratch);
+    let so_far = match largest_fit(trials) {
+        Some(t) => format!(
+            "the largest micro-batch that fitted so far is {}{}",
+            t.batch_size,
+            t.peak_bytes
+                .map_or_else(String::new, |p| format!(" (measured peak {})", human(p)))
+        ),
+        None => "none fitted yet".into(),
+    };
+    let what = format!(
+        "find-batch-size stopped after {} finished trials; {so_far}; the search did not finish",
+        trials.len()
+    );
+    Stopped { signal, what }.into()
+}
+
+/// Runs the trials and finds the largest micro-batch that fits; after a signal
+/// (`interrupt`, forwarded to the running trial) it stops with the trials so far.
+pub fn find(search: &Search, interrupt: &Interrupt) -> anyhow::Result<Found> {
     let bar = ProgressBar::new_spinner().with_style(
         ProgressStyle::with_template("{spinner} {elapsed} trial {pos}: {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_spinner()),
     );
+    // For a second signal's line, which cannot wait for the search.
+    let (finished, largest) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (n, fit) = (Arc::clone(&finished), Arc::clone(&largest));
+    interrupt.on_second(move || {
+        let fit = match fit.load(Ordering::SeqCst) {
+            0 => "none fitted yet".into(),
+            b => format!("the largest micro-batch that fitted: {b}"),
+        };
+        format!("{} trials had finished; {fit}", n.load(Ordering::SeqCst))
+    });
     let mut trials: Vec<Trial> = Vec::new();
     let mut trial = |b: usize| -> anyhow::Result<bool> {
+        if let Some(signal) = interrupt.requested() {
+            bar.finish_and_clear();
+            return Err(stopped(signal, &trials, &search.scratch));
+        }
         bar.set_message(format!("micro-batch {b}"));
         bar.inc(1);
         let args = search
@@ -76,7 +123,13 @@ pub fn find(search: &Search) -> anyhow::Result<Found> {
             .max_steps(1)
             .trial();
         let dir = search.scratch.join(format!("batch-{b}"));
-        let t = match child::train(&args, &dir)? {
+        let result = child::train(&args, &dir, interrupt)?;
+        if let (Some(signal), Err(_)) = (interrupt.requested(), &result) {
+            // Stopped by the signal: not a measurement.
+            bar.finish_and_clear();
+            return Err(stopped(signal, &trials, &search.scratch));
+        }
+        let t = match result {
             Ok(s) => {
                 let peak = s.memory.peak_bytes;
                 let over = matches!((peak, search.limit), (Some(p), Some(l)) if p > l);
@@ -105,6 +158,10 @@ pub fn find(search: &Search) -> anyhow::Result<Found> {
         // Shown with or without a terminal: the trials are the evidence for the answer.
         bar.suspend(|| eprintln!("{line}"));
         trials.push(t);
+        finished.store(trials.len(), Ordering::SeqCst);
+        if let Some(t) = largest_fit(&trials) {
+            largest.store(t.batch_size, Ordering::SeqCst);
+        }
         Ok(fits)
     };
     // Grow by doubling from 1 until a size does not fit, then bisect between the two.
@@ -190,7 +247,7 @@ impl Found {
 }
 
 /// `trainer find-batch-size`: checks the flags, runs the search and prints the answer.
-pub fn run(args: FindArgs, dry: bool) -> anyhow::Result<()> {
+pub fn run(args: FindArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()> {
     let FindArgs {
         config: ConfigArgs {
             config,
@@ -248,7 +305,7 @@ pub fn run(args: FindArgs, dry: bool) -> anyhow::Result<()> {
         max_batch: args.max_batch.min(split),
         scratch,
     };
-    let found = find(&search)?;
+    let found = find(&search, interrupt)?;
     let shown = config
         .as_ref()
         .map_or_else(|| "configs/amp.toml".into(), |c| c.display().to_string());

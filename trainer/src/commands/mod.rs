@@ -11,19 +11,22 @@ use std::path::Path;
 use crate::cli::{Cli, Command};
 use crate::config::{self, ConfigError, Purpose, Settings};
 use crate::exit::Exit;
+use crate::training::interrupt::Interrupt;
 
 /// The config `trainer` runs without `--config`: SimpleModel, f16 mixed precision, on the
 /// built-in synthetic data.
 const DEFAULT_CONFIG: &str = include_str!("../../../configs/amp.toml");
 
-/// Runs the command `cli` names. Every failure is an error; [`Exit::of`] gives its code.
-pub fn run(cli: Cli) -> anyhow::Result<Exit> {
+/// Runs the command `cli` names; `interrupt` is the process's signal handler, which a
+/// training run polls and a parent forwards to its children. Every failure is an error;
+/// [`Exit::of`] gives its code.
+pub fn run(cli: Cli, interrupt: &Interrupt) -> anyhow::Result<Exit> {
     let dry = cli.dry_run;
     match cli.command {
         Some(Command::Estimate(args)) => estimate::run(args, dry),
-        Some(Command::Compare(args)) => compare::run(args, dry),
-        Some(Command::FindBatchSize(args)) => find_batch_size::run(args, dry),
-        None => run::run(cli.run, dry),
+        Some(Command::Compare(args)) => compare::run(args, dry, interrupt),
+        Some(Command::FindBatchSize(args)) => find_batch_size::run(args, dry, interrupt),
+        None => run::run(cli.run, dry, interrupt),
     }?;
     Ok(Exit::Ok)
 }

@@ -12,11 +12,15 @@ use crate::memory::diagnosis;
 use crate::memory::estimate::Target;
 use crate::memory::heap::{Heap, HeapProbe};
 use crate::memory::host;
-use crate::outputs;
+use crate::outputs::{self, lock::LOCK_FILE};
+use crate::training::checkpoint;
+use crate::training::interrupt::{Interrupt, Stopped};
 use crate::training::{train, RunOptions};
 
-/// Trains, prints the summary table and writes `--summary-json`.
-pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
+/// Trains, prints the summary table and writes `--summary-json`; after a signal (`interrupt`)
+/// it stops cleanly: before the output folder is made, with nothing made; after, with a
+/// checkpoint.
+pub fn run(cli: RunArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()> {
     let settings = settings(
         cli.config.config.as_deref(),
         &cli.config.overrides,
@@ -39,6 +43,10 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
             return Err(unsupported_dtype(settings.precision.mode, &selected.name()).into());
         }
     }
+    if let Some(signal) = interrupt.requested() {
+        let what = "stopped before training began; nothing was written".into();
+        return Err(Stopped { signal, what }.into());
+    }
     // The output folder stays this run's until it ends (the lock is released with `_owned`).
     let (settings, _owned) = match cli.trial {
         true => (settings, None),
@@ -52,6 +60,27 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
             (settings, Some(lock))
         }
     };
+    if !cli.trial {
+        let output = settings.train.output_dir.clone();
+        interrupt.on_second(move || {
+            // Stopped before the first checkpoint: a folder holding nothing but this run's
+            // lock file is removed (remove_dir removes only an empty folder).
+            let only_lock = std::fs::read_dir(&output)
+                .map(|entries| {
+                    entries
+                        .take(2)
+                        .filter_map(Result::ok)
+                        .map(|e| e.file_name())
+                        .collect::<Vec<_>>()
+                })
+                .is_ok_and(|names| names.len() == 1 && names[0] == LOCK_FILE);
+            if only_lock {
+                let _ = std::fs::remove_file(output.join(LOCK_FILE));
+            }
+            let _ = std::fs::remove_dir(&output);
+            checkpoint::describe(&checkpoint::dir(&output))
+        });
+    }
     let target = Target::of(selected.kind());
     if !cli.trial && !cli.skip_memory_check {
         diagnosis::check_budget(&settings, target)?;
@@ -64,6 +93,7 @@ pub fn run(cli: RunArgs, dry: bool) -> anyhow::Result<()> {
     let options = RunOptions {
         resume: cli.resume.as_deref(),
         trial: cli.trial,
+        interrupt: Some(interrupt),
     };
     let balanced = settings.memory.checkpointing == Checkpointing::Balanced;
     let s = &settings;

@@ -1,40 +1,224 @@
-//! Ctrl-C and SIGTERM during training: the first signal lets the current window finish, then
-//! the run writes a checkpoint, says where it is and how to resume, and exits with 130 (INT)
-//! or 143 (TERM). A second signal exits at once.
+//! Ctrl-C, SIGTERM and SIGHUP, for every command, by one mechanism: an [`Interrupt`] made
+//! first thing in `main` (before any folder is made) and handed down to the command.
+//!
+//! - The first signal says so on stderr and asks the command to stop cleanly: a training run
+//!   finishes its window, writes a checkpoint, says how to resume and exits with 128 + the
+//!   signal (130 INT, 143 TERM, 129 HUP); a run stopped before it began makes nothing.
+//! - A parent (`compare`, `find-batch-size`) forwards every signal to its running child,
+//!   which runs in its own process group (a terminal's Ctrl-C reaches only the parent, so the
+//!   child sees each signal once), waits for it, reports what finished and exits the same way.
+//! - A second signal forwards again (the child stops at once), prints one line saying what
+//!   was kept, and exits with 128 + that signal at once.
 
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::process::{Child, ExitStatus};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
-use signal_hook::consts::{SIGINT, SIGTERM};
-use signal_hook::flag;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 
-/// Whether, and by which signal, the run was asked to stop.
+/// The signals that stop a command cleanly.
+pub const SIGNALS: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
+
+/// How long a parent waits for a child to stop cleanly after forwarding the first signal,
+/// before forwarding it again (the child then stops at once).
+const CHILD_GRACE: Duration = Duration::from_secs(120);
+
+/// How long a parent waits for a child after forwarding a second signal, before killing it.
+const CHILD_LAST: Duration = Duration::from_secs(10);
+
+/// Set in a child's environment to the parent's pid: the child asks to receive SIGTERM when
+/// the parent dies, so a killed parent leaves no orphan training on.
+pub const PARENT_PID_ENV: &str = "OOMLAB_PARENT_PID";
+
+/// What a second signal says was kept: "the last checkpoint in … is intact (--resume …)".
+type Kept = Box<dyn Fn() -> String + Send>;
+
+/// Whether, and by which signal, the process was asked to stop; the one handler of
+/// SIGINT, SIGTERM and SIGHUP, owned by a thread that this value starts.
 pub struct Interrupt {
-    signal: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// The first signal received (0: none), read without the lock by [`Interrupt::requested`].
+    first: AtomicI32,
+    state: Mutex<State>,
+}
+
+struct State {
+    received: usize,
+    /// When the first signal came.
+    since: Option<Instant>,
+    /// The running child that signals are forwarded to: set while it runs, cleared under
+    /// this lock once it is reaped, so a forwarded signal never reaches a reused pid.
+    child: Option<u32>,
+    kept: Kept,
 }
 
 impl Interrupt {
-    /// Installs the handlers for SIGINT and SIGTERM.
+    /// Installs the handler for SIGINT, SIGTERM and SIGHUP and starts its thread. In a child
+    /// of `compare` or `find-batch-size` it also asks for SIGTERM when the parent dies.
     pub fn install() -> std::io::Result<Self> {
-        let requested = Arc::new(AtomicBool::new(false));
-        let signal = Arc::new(AtomicUsize::new(0));
-        for sig in [SIGINT, SIGTERM] {
-            // Registered first, so it sees the flag as the *previous* signal left it: the
-            // second signal finds it set and exits with the shell's code for that signal.
-            flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&requested))?;
-            flag::register(sig, Arc::clone(&requested))?;
-            flag::register_usize(sig, Arc::clone(&signal), sig as usize)?;
+        let mut signals = Signals::new(SIGNALS)?;
+        let shared = Arc::new(Shared {
+            first: AtomicI32::new(0),
+            state: Mutex::new(State {
+                received: 0,
+                since: None,
+                child: None,
+                kept: Box::new(|| "nothing had been written yet".into()),
+            }),
+        });
+        let handler = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                for signal in signals.forever() {
+                    handler.received(signal);
+                }
+            })?;
+        if let Some(parent) = std::env::var(PARENT_PID_ENV)
+            .ok()
+            .and_then(|p| p.parse().ok())
+        {
+            die_with_parent(parent);
         }
-        Ok(Self { signal })
+        Ok(Self { shared })
     }
 
-    /// The signal received, if any.
+    /// The first signal received, if any.
     pub fn requested(&self) -> Option<i32> {
-        match self.signal.load(Ordering::Relaxed) {
+        match self.shared.first.load(Ordering::SeqCst) {
             0 => None,
-            s => Some(s as i32),
+            s => Some(s),
         }
+    }
+
+    /// What a second signal reports as kept, from now on (asked at that moment).
+    pub fn on_second(&self, kept: impl Fn() -> String + Send + 'static) {
+        self.shared.lock().kept = Box::new(kept);
+    }
+
+    /// Waits for `child`, forwarding every signal to it meanwhile (and at once a signal that
+    /// came before it was registered). The wait is bounded once a signal came: after
+    /// [`CHILD_GRACE`] the signal is forwarded again, and [`CHILD_LAST`] later the child is
+    /// killed.
+    pub fn wait(&self, child: &mut Child) -> std::io::Result<ExitStatus> {
+        {
+            let mut state = self.shared.lock();
+            state.child = Some(child.id());
+            if let Some(signal) = self.requested() {
+                forward(child.id(), signal);
+            }
+        }
+        let mut again = false;
+        loop {
+            {
+                let mut state = self.shared.lock();
+                match child.try_wait() {
+                    Ok(None) => {}
+                    Ok(Some(status)) => {
+                        state.child = None;
+                        return Ok(status);
+                    }
+                    Err(e) => {
+                        state.child = None;
+                        return Err(e);
+                    }
+                }
+                let waited = state.since.map(|since| since.elapsed());
+                if let (Some(waited), Some(signal)) = (waited, self.requested()) {
+                    if !again && waited > CHILD_GRACE {
+                        forward(child.id(), signal);
+                        again = true;
+                    } else if waited > CHILD_GRACE + CHILD_LAST {
+                        // The child ignored two signals: it is ended, not left running.
+                        let _ = child.kill();
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl std::fmt::Debug for Interrupt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interrupt")
+            .field("requested", &self.requested())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent whatever panicked while holding it: plain fields.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One signal: forwarded to the running child; the first asks for a clean stop, a
+    /// second ends the process at once with one line.
+    fn received(&self, signal: i32) {
+        let mut state = self.lock();
+        state.received += 1;
+        if let Some(pid) = state.child {
+            forward(pid, signal);
+        }
+        // A progress bar may be drawn on a terminal: the line starts on its own.
+        let start = if std::io::stderr().is_terminal() {
+            "\n"
+        } else {
+            ""
+        };
+        let short = short_name(signal);
+        // Written without eprintln!, which panics where the terminal is gone (SIGHUP): the
+        // stop must happen whether or not its line can be shown.
+        let mut err = std::io::stderr();
+        if state.received == 1 {
+            state.since = Some(Instant::now());
+            self.first.store(signal, Ordering::SeqCst);
+            let _ = writeln!(
+                err,
+                "{start}{short} received: finishing the current step, then stopping cleanly \
+                 (a second {short} stops at once)"
+            );
+        } else {
+            let _ = writeln!(
+                err,
+                "{start}second {short}: stopped at once; {}",
+                (state.kept)()
+            );
+            // `_exit`: other threads may be mid-step; nothing of theirs must run on the way out.
+            signal_hook::low_level::exit(128 + signal);
+        }
+    }
+}
+
+/// Sends `signal` to the child `pid`.
+fn forward(pid: u32, signal: i32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill(2) reads no memory of ours. `pid` is a child of this process that has not
+    // been reaped (the caller holds the lock under which it is cleared once reaped), so it
+    // names that child and no other process.
+    unsafe { libc::kill(pid, signal) };
+}
+
+/// Asks the kernel for SIGTERM when the parent `parent` dies (a child run then checkpoints
+/// and stops), and stops at once if it has died already. (The kernel sends it when the parent's
+/// thread that started this process ends: `compare` and `find-batch-size` start children from
+/// their main thread.)
+fn die_with_parent(parent: u32) {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and touches no memory of ours.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, SIGTERM as libc::c_ulong) };
+    if std::os::unix::process::parent_id() != parent {
+        // The parent died before the request was made: no one is waiting for this run.
+        std::process::exit(128 + SIGTERM);
     }
 }
 
@@ -48,7 +232,7 @@ impl Interrupt {
     checkpoint.display()
 )]
 pub struct Interrupted {
-    /// SIGINT or SIGTERM.
+    /// SIGINT, SIGTERM or SIGHUP.
     pub signal: i32,
     /// Optimizer steps taken.
     pub step: usize,
@@ -56,10 +240,33 @@ pub struct Interrupted {
     pub checkpoint: PathBuf,
 }
 
+/// A command stopped at a signal: `what` says what it kept (a run stopped before it began,
+/// `compare`'s report of the configs that finished, `find-batch-size`'s trials so far).
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted by {}: {what}", name(*signal))]
+pub struct Stopped {
+    /// SIGINT, SIGTERM or SIGHUP.
+    pub signal: i32,
+    /// What was done and kept, in a few words.
+    pub what: String,
+}
+
+/// The signal's name, with what usually sends it.
 fn name(signal: i32) -> &'static str {
     match signal {
         SIGINT => "SIGINT (Ctrl-C)",
         SIGTERM => "SIGTERM",
+        SIGHUP => "SIGHUP (the terminal closed)",
         _ => "a signal",
+    }
+}
+
+/// The signal's short name.
+fn short_name(signal: i32) -> &'static str {
+    match signal {
+        SIGINT => "SIGINT",
+        SIGTERM => "SIGTERM",
+        SIGHUP => "SIGHUP",
+        _ => "signal",
     }
 }

@@ -59,6 +59,9 @@ pub struct RunOptions<'a> {
     pub resume: Option<&'a Path>,
     /// A measuring trial (`find-batch-size`): no evaluation, no checkpoint.
     pub trial: bool,
+    /// The process's signal handler (installed in `main`): after a signal the run finishes
+    /// its window, checkpoints and stops. `None`: signals are not watched.
+    pub interrupt: Option<&'a Interrupt>,
 }
 
 /// Trains the model `settings` describes on `device` of `backend`; `probe` measures memory
@@ -114,7 +117,6 @@ where
     let mut position = saved.position;
     let mut record = Record::new(settings, total_steps, stepper.step, log, started);
     let checkpoint_dir = checkpoint::dir(&t.output_dir);
-    let interrupt = Interrupt::install().context("installing the Ctrl-C handler")?;
     let save = |model: &Classifier<B>,
                 stepper: &Stepper<Classifier<B>, B>,
                 position: Position,
@@ -178,7 +180,9 @@ where
             record.window(window.len(), w.loss, outcome, &stepper, &model, before)?;
             record.memory(probe.last_step());
             position.window += 1;
-            let stop = interrupt.requested().filter(|_| !options.trial);
+            let stop = options.interrupt.and_then(Interrupt::requested);
+            // A trial takes one step and keeps nothing: it ends as it would have.
+            let stop = stop.filter(|_| !options.trial);
             if stop.is_some() || every(outcome, &stepper) {
                 save(&model, &stepper, position, &record)?;
             }

@@ -23,6 +23,8 @@ mod precision;
 mod reliability;
 /// Checkpoints and `--resume`.
 mod resume;
+/// Ctrl-C, SIGTERM and SIGHUP: clean stops, a second signal, parents that forward.
+mod signals;
 /// Training runs: both models learn, runs are reproducible, backends are chosen right.
 mod train;
 /// The GPU path on llvmpipe: a real CubeCL pool, free_cache, checkpointing, resume, errors.

@@ -1,11 +1,16 @@
 //! `trainer compare`: runs each config in a fresh child process (so peaks do not mix), then
-//! reports them side by side. A config that fails gets a row with its error.
+//! reports them side by side. A config that fails gets a row with its error. A signal is
+//! forwarded to the running config, which checkpoints and stops; the report then holds the
+//! configs that finished.
 
 mod lines;
 pub mod report;
 mod terms;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -18,6 +23,8 @@ use crate::memory::estimate::{estimate, Estimate, Target, Terms};
 use crate::outputs::{self, folder};
 use crate::report::step_log::StepLog;
 use crate::report::summary::Summary;
+use crate::training::checkpoint;
+use crate::training::interrupt::{Interrupt, Stopped};
 
 /// Bytes in use and reserved after one optimizer step (either may be unmeasured).
 pub type StepMemory = (Option<u64>, Option<u64>);
@@ -255,16 +262,43 @@ pub fn check(plan: &Plan) -> Result<usize, ConfigError> {
     Ok(runs.len())
 }
 
-/// Runs every config of `plan`, one child process each.
-pub fn run_plan(plan: &Plan) -> anyhow::Result<Vec<Row>> {
+/// What [`run_plan`] ran.
+#[derive(Debug, Default)]
+pub struct Ran {
+    /// One row per run that ended by itself, finished or failed, in plan order.
+    pub rows: Vec<Row>,
+    /// Runs in the plan.
+    pub planned: usize,
+    /// The folder of the run a signal stopped, if one did.
+    pub stopped: Option<PathBuf>,
+}
+
+/// Runs every config of `plan`, one child process each; after a signal (`interrupt`,
+/// forwarded to the running child) it starts no other.
+pub fn run_plan(plan: &Plan, interrupt: &Interrupt) -> anyhow::Result<Ran> {
     let runs = runs(plan);
+    let planned = runs.len();
+    let done = Arc::new(AtomicUsize::new(0));
+    let (count, out) = (Arc::clone(&done), plan.out.join("runs"));
+    interrupt.on_second(move || {
+        format!(
+            "{} of {planned} configs had finished (their folders are in {}); no report was \
+             written",
+            count.load(Ordering::SeqCst),
+            out.display()
+        )
+    });
     let bar = ProgressBar::new(runs.len() as u64).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} configs  {elapsed}  {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut taken = Vec::new();
     let mut rows = Vec::new();
+    let mut stopped = None;
     for (config, name, extra) in runs {
+        if interrupt.requested().is_some() {
+            break;
+        }
         bar.set_message(name.clone());
         let dir = unique_dir(
             &plan.out.join("runs"),
@@ -289,7 +323,13 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<Vec<Row>> {
                 let e = estimate(&s, Target::of(s.backend));
                 (s, e)
             });
-        let mut row = match child::train(&args, &dir)? {
+        let result = child::train(&args, &dir, interrupt)?;
+        if let (Some(_), Err(_)) = (interrupt.requested(), &result) {
+            // Stopped by the signal: not a result, and not a failure of the config.
+            stopped = Some(dir);
+            break;
+        }
+        let mut row = match result {
             Ok(summary) => {
                 let mut row = Row::finished(config, name, summary);
                 row.read_series(&dir);
@@ -303,14 +343,20 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<Vec<Row>> {
         };
         row.terms = loaded.map(|(_, e)| e.terms);
         rows.push(row);
+        done.store(rows.len(), Ordering::SeqCst);
         bar.inc(1);
     }
     bar.finish_and_clear();
-    Ok(rows)
+    Ok(Ran {
+        rows,
+        planned,
+        stopped,
+    })
 }
 
-/// `trainer compare`: runs the plan, prints the table and writes the reports.
-pub fn run(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
+/// `trainer compare`: runs the plan, prints the table and writes the reports; stopped by a
+/// signal, the reports of the configs that finished.
+pub fn run(args: CompareArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()> {
     let mut plan = Plan {
         configs: args.configs,
         steps: args.steps,
@@ -352,7 +398,9 @@ pub fn run(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
     // --out is this compare's until it ends; an earlier report there is kept unless replaced.
     let (out, _owned) = outputs::claim_report(&plan.out, args.out.is_some(), args.overwrite)?;
     plan.out = out;
-    let rows = run_plan(&plan)?;
+    let ran = run_plan(&plan, interrupt)?;
+    let rows = ran.rows;
+    let signal = interrupt.requested().filter(|_| rows.len() < ran.planned);
     let heading = format!(
         "`trainer compare {}` — {} optimizer steps per config, backend {}",
         plan.configs
@@ -364,6 +412,26 @@ pub fn run(args: CompareArgs, dry: bool) -> anyhow::Result<()> {
         plan.backend
             .map_or("as each config says", BackendKind::name)
     );
+    if let Some(signal) = signal {
+        let mut what = format!("{} of {} configs finished; ", rows.len(), ran.planned);
+        if rows.is_empty() {
+            what.push_str("no report was written");
+        } else {
+            // Not print!: after SIGHUP the terminal may be gone, and the report must be written.
+            let _ = write!(std::io::stdout(), "{}", report::markdown(&rows));
+            let heading = format!("{heading} (stopped by a signal: {what}the others did not run)");
+            report::write_all(&rows, &plan.out, &heading, plan.note.as_deref())?;
+            what.push_str(&format!(
+                "their report (report.md, report.csv, report.json, charts) is in {}",
+                plan.out.display()
+            ));
+        }
+        if let Some(dir) = ran.stopped {
+            let kept = checkpoint::describe(&checkpoint::dir(&dir));
+            what.push_str(&format!("; the stopped run: {kept}"));
+        }
+        return Err(Stopped { signal, what }.into());
+    }
     print!("{}", report::markdown(&rows));
     report::write_all(&rows, &plan.out, &heading, plan.note.as_deref())?;
     let failed = rows.iter().filter(|r| r.error.is_some()).count();
