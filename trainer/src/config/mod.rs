@@ -25,8 +25,7 @@ pub use precision::{
     unsupported_dtype, LossScaleSpec, PrecisionMode, PrecisionSpec, MAX_SCALE, MIN_SCALE,
 };
 pub use train::TrainSpec;
-pub use train::MAX_BATCH;
-pub use train::{OptimizerName, ScheduleName};
+pub use train::{OptimizerName, ScheduleName, MAX_BATCH, MAX_EPOCHS, MAX_STEPS};
 
 /// A whole config file as written: every key optional with its default; each section's
 /// struct lives in the file that validates it.

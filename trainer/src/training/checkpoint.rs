@@ -13,15 +13,18 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use burn::module::AutodiffModule;
-use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
 use super::accumulate::Position;
 use super::checkpoint_set::{self, CheckpointError};
-use super::optim::Optim;
+use super::optim::{self, Optim};
+use super::record_fit::{self, Node};
 use super::step::StepCounters;
-use crate::config::Settings;
+use crate::config::{
+    Settings, TrainSpec, MAX_CONFIG_BYTES, MAX_EPOCHS, MAX_SCALE, MAX_STEPS, MIN_SCALE,
+};
 
 /// Where the loop stood when the checkpoint was written, and what run it belongs to:
 /// `state.json`. Its keys are flat (`step`, `epoch`, `window`, `skipped`, `scaler`, …).
@@ -107,25 +110,40 @@ fn write_set<M: AutodiffModule<B>, B: AutodiffBackend>(
     state: &LoopState,
     steps_csv: &str,
 ) -> anyhow::Result<()> {
-    model
-        .clone()
-        .save_file(
-            tmp.join("model"),
-            &NamedMpkFileRecorder::<FullPrecisionSettings>::new(),
-        )
-        .with_context(|| format!("writing {}", tmp.join("model.mpk").display()))?;
-    optim.save(&tmp.join("optim"))?;
-    for (name, text) in [
-        ("state.json", serde_json::to_string_pretty(state)? + "\n"),
-        ("steps.csv", steps_csv.to_string()),
+    // Encoded in memory and written by std, so a full disk reads "No space left on device"
+    // naming the file rather than an encoder's error.
+    let model = Recorder::<B>::record(&BytesRecorder::new(), model.clone().into_record(), ())
+        .map_err(|e| anyhow::anyhow!("encoding the model: {e}"))?;
+    for (name, bytes) in [
+        ("model.mpk", model),
+        ("optim.mpk", optim.to_bytes()?),
+        (
+            "state.json",
+            (serde_json::to_string_pretty(state)? + "\n").into_bytes(),
+        ),
+        ("steps.csv", steps_csv.as_bytes().to_vec()),
     ] {
         let path = tmp.join(name);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
 
-/// A verified checkpoint: the loop's state and the step log as written.
+/// Checkpoints' records: named MessagePack, the format `NamedMpkFileRecorder` writes.
+type BytesRecorder = NamedMpkBytesRecorder<FullPrecisionSettings>;
+
+/// The most bytes a checkpoint's `name` may hold: `state.json` carries a config (at most
+/// [`MAX_CONFIG_BYTES`], escaped) and a few counters; the rest the largest model allowed
+/// (MobileNet α = 4 with 100 000 classes keeps 1.7 GB of weights and twice that of Adam
+/// moments) stays well under 16 GiB.
+pub fn max_bytes(name: &str) -> u64 {
+    match name {
+        "state.json" => 4 * MAX_CONFIG_BYTES,
+        _ => 1 << 34,
+    }
+}
+
+/// A verified checkpoint: the loop's state, the step log and the records, as read and hashed.
 pub struct Saved {
     /// Where the set was read from.
     pub dir: PathBuf,
@@ -133,25 +151,25 @@ pub struct Saved {
     pub state: LoopState,
     /// `steps.csv`.
     pub steps_csv: String,
+    /// `model.mpk`, verified; checked against the model by [`load`].
+    model: Vec<u8>,
+    /// `optim.mpk`, verified; checked against the optimizer by [`load`].
+    optim: Vec<u8>,
+    /// The optimizer the run configures.
+    train: TrainSpec,
 }
 
 /// Reads and verifies the checkpoint at `dir` and checks that `settings` continue its run.
 pub fn read(dir: &Path, settings: &Settings) -> Result<Saved, CheckpointError> {
     let set = checkpoint_set::locate(dir)?;
-    checkpoint_set::verify(&set, &FILES)?;
-    let read = |name: &str| {
-        let path = set.join(name);
-        std::fs::read_to_string(&path).map_err(|e| CheckpointError::Corrupt {
-            path: path.clone(),
-            what: format!("unreadable: {e}"),
-        })
+    let mut files = checkpoint_set::verify(&set, &FILES, max_bytes)?;
+    let mut take = |name: &str| files.remove(name).unwrap_or_default();
+    let corrupt = |name: &str, what: String| CheckpointError::Corrupt {
+        path: set.join(name),
+        what,
     };
-    let state_path = set.join("state.json");
-    let state: LoopState =
-        serde_json::from_str(&read("state.json")?).map_err(|e| CheckpointError::Corrupt {
-            path: state_path,
-            what: format!("not a loop state: {e}"),
-        })?;
+    let state: LoopState = serde_json::from_slice(&take("state.json"))
+        .map_err(|e| corrupt("state.json", format!("not a loop state: {e}")))?;
     let changed = changed_keys(&state.config, &settings.toml);
     if !changed.is_empty() {
         return Err(CheckpointError::Mismatch {
@@ -165,12 +183,85 @@ pub fn read(dir: &Path, settings: &Settings) -> Result<Saved, CheckpointError> {
             ),
         });
     }
-    let steps_csv = read("steps.csv")?;
+    let expected = LoopState::of(settings, Position::default(), StepCounters::default());
+    for (key, saved, now) in [
+        ("model", &state.model, &expected.model),
+        ("optimizer", &state.optimizer, &expected.optimizer),
+    ] {
+        if saved != now {
+            return Err(corrupt(
+                "state.json",
+                format!("{key} {saved:?} where this run's is {now:?}"),
+            ));
+        }
+    }
+    let steps_csv = String::from_utf8(take("steps.csv"))
+        .map_err(|_| corrupt("steps.csv", "not UTF-8 text".into()))?;
     Ok(Saved {
-        dir: set,
         state,
         steps_csv,
+        model: take("model.mpk"),
+        optim: take("optim.mpk"),
+        train: settings.train.clone(),
+        dir: set,
     })
+}
+
+/// Checks that the saved counters are ones a run of `per_epoch` windows an epoch can reach:
+/// each within its bound, the window inside an epoch, and every window trained counted once,
+/// as a step taken or one skipped.
+pub fn check_counters(saved: &Saved, per_epoch: usize) -> Result<(), CheckpointError> {
+    let fault = |what: String| CheckpointError::Corrupt {
+        path: saved.dir.join("state.json"),
+        what,
+    };
+    let (p, c) = (&saved.state.position, &saved.state.counters);
+    if p.epoch > MAX_EPOCHS {
+        return Err(fault(format!(
+            "epoch {} is more than the {MAX_EPOCHS} epochs a run may train",
+            p.epoch
+        )));
+    }
+    // A checkpoint written after an epoch's last window (Ctrl-C, checkpoint_every) holds
+    // window = per_epoch; the loop then starts by closing that epoch. Past it, the state was
+    // not written by a run of this config and no window would ever be trained.
+    if p.window > per_epoch {
+        return Err(fault(format!(
+            "window {} is past the {per_epoch} windows of an epoch",
+            p.window
+        )));
+    }
+    for (key, n) in [("step", c.step), ("skipped", c.skipped)] {
+        if n > MAX_STEPS {
+            return Err(fault(format!(
+                "{key} {n} is more than the {MAX_STEPS} steps a run may take"
+            )));
+        }
+    }
+    // All four are bounded above, so these products and sums cannot overflow.
+    let windows = p.epoch * per_epoch + p.window;
+    if c.step + c.skipped != windows {
+        return Err(fault(format!(
+            "step {} and skipped {} do not add up to the windows trained: {windows} by epoch \
+             {}, window {} at {per_epoch} windows an epoch",
+            c.step, c.skipped, p.epoch, p.window
+        )));
+    }
+    if let Some(s) = c.scaler {
+        if !(MIN_SCALE..=MAX_SCALE).contains(&s.scale) {
+            return Err(fault(format!(
+                "scaler.scale {} is outside {MIN_SCALE}..={MAX_SCALE}",
+                s.scale
+            )));
+        }
+        if s.clean_steps > c.step {
+            return Err(fault(format!(
+                "scaler.clean_steps {} is more than the {} steps taken",
+                s.clean_steps, c.step
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `key saved → now` for every key of [`FIXED_ON_RESUME`] that differs between two configs
@@ -195,24 +286,37 @@ fn changed_keys(saved: &str, now: &str) -> Vec<String> {
         .collect()
 }
 
-/// Loads the weights and optimizer state of a verified checkpoint.
+/// Loads the weights and optimizer state of a verified checkpoint into `model` (freshly
+/// initialised by the run) and `optim`, after checking that every record fits them.
 pub fn load<M: AutodiffModule<B>, B: AutodiffBackend>(
     saved: &Saved,
     model: M,
     optim: Optim<M, B>,
     device: &B::Device,
 ) -> anyhow::Result<(M, Optim<M, B>)> {
-    let model = model
-        .load_file(
-            saved.dir.join("model"),
-            &NamedMpkFileRecorder::<FullPrecisionSettings>::new(),
-            device,
-        )
-        .map_err(|e| CheckpointError::Corrupt {
-            path: saved.dir.join("model.mpk"),
-            what: format!("does not fit this model: {e}"),
-        })?;
-    let optim = optim.load(&saved.dir.join("optim"), device)?;
+    let corrupt = |name: &str, what: String| CheckpointError::Corrupt {
+        path: saved.dir.join(name),
+        what,
+    };
+    let recorder = BytesRecorder::new();
+    let fresh = Recorder::<B>::record(&recorder, model.clone().into_record(), ())
+        .map_err(|e| anyhow::anyhow!("encoding the model: {e}"))?;
+    let params = Node::parse(&saved.model)
+        .and_then(|actual| record_fit::fit_model(&Node::parse(&fresh)?, &actual))
+        .map_err(|what| corrupt("model.mpk", what))?;
+    let template = Node::parse(&optim::state_template::<B>(&saved.train, device)?)
+        .map_err(|e| anyhow::anyhow!("the optimizer's own state: {e}"))?;
+    Node::parse(&saved.optim)
+        .and_then(|actual| {
+            record_fit::fit_optim(&template, &actual, &params, saved.train.optimizer.name())
+        })
+        .map_err(|what| corrupt("optim.mpk", what))?;
+    let record = Recorder::<B>::load(&recorder, saved.model.clone(), device)
+        .map_err(|e| corrupt("model.mpk", format!("does not fit this model: {e}")))?;
+    let model = model.load_record(record);
+    let optim = optim
+        .from_bytes(saved.optim.clone(), device)
+        .map_err(|e| corrupt("optim.mpk", format!("does not fit this optimizer: {e}")))?;
     Ok((model, optim))
 }
 
@@ -235,5 +339,9 @@ pub fn describe(dir: &Path) -> String {
 
 /// Whether `dir` holds a checkpoint set (complete or cut short by a crash mid-swap).
 pub fn exists(dir: &Path) -> bool {
-    checkpoint_set::locate(dir).is_ok()
+    // A set whose manifest is no regular file is still a set (not to be overwritten).
+    !matches!(
+        checkpoint_set::locate(dir),
+        Err(CheckpointError::Missing(_))
+    )
 }

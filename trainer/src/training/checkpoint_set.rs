@@ -179,60 +179,142 @@ fn digest(path: &Path) -> anyhow::Result<(u64, String)> {
         hasher.update(&buf[..n]);
         bytes += n as u64;
     }
-    let hex = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok((bytes, hex))
+    Ok((bytes, hex(&hasher.finalize())))
+}
+
+/// Lower-case hex of a digest.
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The set to read for `dir`: `dir` itself, or `<dir>.old` when a non-atomic swap was cut
-/// short between its two renames.
+/// short between its two renames. A manifest that is there but is no regular file (a
+/// symbolic link, a FIFO) is never followed: that is a corrupt set, not a missing one.
 pub fn locate(dir: &Path) -> Result<PathBuf, CheckpointError> {
-    if dir.join(MANIFEST).is_file() {
+    let manifest = |set: &Path| -> Result<bool, CheckpointError> {
+        let path = set.join(MANIFEST);
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_file() => Ok(true),
+            Ok(_) => Err(CheckpointError::Corrupt {
+                path,
+                what: NOT_REGULAR.into(),
+            }),
+            Err(_) => Ok(false),
+        }
+    };
+    if manifest(dir)? {
         return Ok(dir.to_path_buf());
     }
     let old = suffixed(dir, ".old");
-    if !dir.exists() && old.join(MANIFEST).is_file() {
+    if !dir.exists() && manifest(&old)? {
         return Ok(old);
     }
     Err(CheckpointError::Missing(dir.to_path_buf()))
 }
 
-/// Checks that the set at `dir` lists every one of `required` and that every file it lists
-/// has the size and checksum written.
-pub fn verify(dir: &Path, required: &[&str]) -> Result<(), CheckpointError> {
+/// Why a set's file that is a link, a FIFO, a device or a folder is refused.
+const NOT_REGULAR: &str =
+    "not a regular file (a checkpoint's files are never links, FIFOs or devices)";
+
+/// The verified contents of a set's files, by name.
+pub type Verified = BTreeMap<String, Vec<u8>>;
+
+/// Checks that the manifest of the set at `dir` lists exactly the files `names`, each of at
+/// most `limit(name)` bytes, and that every one has the size and checksum written; returns
+/// their contents as read and hashed, so that nothing is opened again after the check.
+pub fn verify(
+    dir: &Path,
+    names: &[&str],
+    limit: impl Fn(&str) -> u64,
+) -> Result<Verified, CheckpointError> {
     let path = dir.join(MANIFEST);
     let corrupt = |path: &Path, what: String| CheckpointError::Corrupt {
         path: path.to_path_buf(),
         what,
     };
-    let text = crate::config::read_bounded(&path, 1 << 20)
-        .map_err(|e| corrupt(&path, format!("unreadable: {e}")))?;
+    let text = read_regular(&path, MAX_MANIFEST_BYTES, None)
+        .map_err(|what| corrupt(&path, what))
+        .and_then(|bytes| {
+            String::from_utf8(bytes).map_err(|_| corrupt(&path, "not UTF-8 text".into()))
+        })?;
     let manifest: Manifest =
         serde_json::from_str(&text).map_err(|e| corrupt(&path, format!("not a manifest: {e}")))?;
-    if let Some(name) = required.iter().find(|n| !manifest.files.contains_key(**n)) {
+    if let Some(name) = names.iter().find(|n| !manifest.files.contains_key(**n)) {
         return Err(corrupt(&path, format!("does not list {name}")));
     }
-    for (name, expected) in &manifest.files {
-        let file = dir.join(name);
-        let (bytes, sha256) = digest(&file).map_err(|e| corrupt(&file, format!("{e:#}")))?;
-        if bytes != expected.bytes {
+    if let Some(name) = manifest.files.keys().find(|k| !names.contains(&k.as_str())) {
+        // Only the set's own names are ever opened: a manifest cannot point anywhere else.
+        return Err(corrupt(
+            &path,
+            format!(
+                "lists {name:?}, which is not a file of a checkpoint (those are {})",
+                names.join(", ")
+            ),
+        ));
+    }
+    let mut files = Verified::new();
+    for name in names {
+        let expected = &manifest.files[*name];
+        let max = limit(name);
+        if expected.bytes > max {
             return Err(corrupt(
-                &file,
+                &path,
                 format!(
-                    "{bytes} bytes where {} were written (truncated or replaced)",
+                    "states {} bytes for {name}, more than the {max} a checkpoint's {name} may                      hold",
                     expected.bytes
                 ),
             ));
         }
-        if sha256 != expected.sha256 {
+        let file = dir.join(name);
+        let bytes = read_regular(&file, expected.bytes, Some(expected.bytes))
+            .map_err(|w| corrupt(&file, w))?;
+        if hex(&Sha256::digest(&bytes)) != expected.sha256 {
             return Err(corrupt(
                 &file,
                 "checksum mismatch: its content changed after it was written".into(),
             ));
         }
+        files.insert(name.to_string(), bytes);
     }
-    Ok(())
+    Ok(files)
+}
+
+/// The largest manifest read: four entries take a few hundred bytes.
+const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+
+/// Reads the regular file at `path` without following a symbolic link and without blocking
+/// on a FIFO: at most `max` bytes, and exactly `exact` bytes where that is given (one byte
+/// more is read to tell a longer file). Errors are the text of a one-line message.
+fn read_regular(path: &Path, max: u64, exact: Option<u64>) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        // O_NOFOLLOW: a link (to /dev/zero, to another file) fails with ELOOP instead of being
+        // followed; O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer.
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => NOT_REGULAR.to_string(),
+            _ => format!("unreadable: {e}"),
+        })?;
+    // The opened handle is what is checked and read: a swap after the open changes nothing.
+    let meta = file.metadata().map_err(|e| format!("unreadable: {e}"))?;
+    if !meta.is_file() {
+        return Err(NOT_REGULAR.into());
+    }
+    let mut bytes = Vec::with_capacity(meta.len().min(max) as usize);
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("unreadable: {e}"))?;
+    let read = bytes.len() as u64;
+    match exact {
+        Some(n) if read > n => Err(format!(
+            "more than the {n} bytes written (appended to or replaced)"
+        )),
+        Some(n) if read < n => Err(format!(
+            "{read} bytes where {n} were written (truncated or replaced)"
+        )),
+        None if read > max => Err(format!("larger than {max} bytes")),
+        _ => Ok(bytes),
+    }
 }

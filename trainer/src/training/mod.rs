@@ -23,6 +23,7 @@ pub mod lost_updates;
 pub mod mistakes;
 pub mod optim;
 pub mod record;
+pub mod record_fit;
 pub mod schedule;
 pub mod step;
 
@@ -43,7 +44,6 @@ use crate::report::step_log::StepLog;
 use crate::report::summary::Summary;
 use accumulate::{window_gradients, Position, Windows};
 use checkpoint::LoopState;
-use checkpoint_set::CheckpointError;
 use eval::evaluate;
 use interrupt::Interrupt;
 use mistakes::KeptLosses;
@@ -223,7 +223,8 @@ where
 type Start<B> = (Classifier<B>, Optim<Classifier<B>, B>, LoopState, StepLog);
 
 /// Reads, verifies and loads the checkpoint in `dir`, checking that `settings` continue its
-/// run and that its position lies inside an epoch of `per_epoch` windows.
+/// run, that its counters are ones a run of `per_epoch` windows an epoch reaches and that its
+/// records fit the model and the optimizer.
 fn resume<B: AutodiffBackend>(
     dir: &Path,
     settings: &Settings,
@@ -241,17 +242,7 @@ where
         );
     }
     let saved = checkpoint::read(dir, settings)?;
-    let window = saved.state.position.window;
-    // A checkpoint written after an epoch's last window (Ctrl-C, checkpoint_every) holds
-    // window = per_epoch; the loop then starts by closing that epoch. Past it, the state was
-    // not written by a run of this config and no window would ever be trained.
-    if window > per_epoch {
-        return Err(CheckpointError::Corrupt {
-            path: saved.dir.join("state.json"),
-            what: format!("window {window} is past the {per_epoch} windows of an epoch"),
-        }
-        .into());
-    }
+    checkpoint::check_counters(&saved, per_epoch)?;
     let (model, optim) = checkpoint::load(&saved, model, Optim::new(&settings.train), device)?;
     let mut state = saved.state;
     state.config = settings.toml.clone();

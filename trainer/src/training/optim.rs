@@ -1,20 +1,20 @@
 //! The optimizer a config names: Adam or SGD with momentum, with PyTorch's defaults where
 //! Burn's differ (Adam ε = 1e-8, SGD dampening 0).
 
-use std::path::Path;
-
-use anyhow::Context;
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer, Sgd, SgdConfig};
-use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::Tensor;
 
 use crate::config::{OptimizerName, TrainSpec};
 
-type FileRecorder = NamedMpkFileRecorder<FullPrecisionSettings>;
+/// Checkpoints' records: named MessagePack in memory, the format `NamedMpkFileRecorder` writes
+/// to files (so older checkpoints load), written and read by std.
+type BytesRecorder = NamedMpkBytesRecorder<FullPrecisionSettings>;
 
 /// Adam or SGD, over module type `M`.
 #[derive(Clone)]
@@ -61,27 +61,42 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> Optim<M, B> {
         }
     }
 
-    /// Writes the optimizer state (moments, momentum buffers) to `path` (`.mpk` is appended).
-    pub fn save(&self, path: &Path) -> anyhow::Result<()> {
-        let recorder = FileRecorder::new();
+    /// The optimizer state (moments, momentum buffers) as `optim.mpk` holds it.
+    pub fn to_bytes(&self) -> anyhow::Result<Vec<u8>> {
+        let recorder = BytesRecorder::new();
         match self {
-            Self::Adam(o) => recorder.record(o.to_record(), path.into()),
-            Self::Sgd(o) => recorder.record(o.to_record(), path.into()),
+            Self::Adam(o) => Recorder::<B>::record(&recorder, o.to_record(), ()),
+            Self::Sgd(o) => Recorder::<B>::record(&recorder, o.to_record(), ()),
         }
-        .with_context(|| format!("writing optimizer state {}.mpk", path.display()))
+        .map_err(|e| anyhow::anyhow!("encoding the optimizer state: {e}"))
     }
 
-    /// Reads the state [`save`](Self::save) wrote.
-    pub fn load(self, path: &Path, device: &B::Device) -> anyhow::Result<Self> {
-        let recorder = FileRecorder::new();
-        let context = || format!("reading optimizer state {}.mpk", path.display());
+    /// Reads the state [`to_bytes`](Self::to_bytes) wrote; the bytes have passed
+    /// [`record_fit::fit_optim`](super::record_fit::fit_optim).
+    pub fn from_bytes(self, bytes: Vec<u8>, device: &B::Device) -> Result<Self, String> {
+        let recorder = BytesRecorder::new();
         Ok(match self {
-            Self::Adam(o) => {
-                Self::Adam(o.load_record(recorder.load(path.into(), device).with_context(context)?))
-            }
-            Self::Sgd(o) => {
-                Self::Sgd(o.load_record(recorder.load(path.into(), device).with_context(context)?))
-            }
+            Self::Adam(o) => Self::Adam(o.load_record(
+                Recorder::<B>::load(&recorder, bytes, device).map_err(|e| e.to_string())?,
+            )),
+            Self::Sgd(o) => Self::Sgd(o.load_record(
+                Recorder::<B>::load(&recorder, bytes, device).map_err(|e| e.to_string())?,
+            )),
         })
     }
+}
+
+/// The state the optimizer `train` names keeps for one parameter of shape `[1]`, as its record
+/// stores it: taken from one real step, so it follows Burn's format and the config (SGD keeps
+/// no buffer without momentum).
+pub fn state_template<B: AutodiffBackend>(
+    train: &TrainSpec,
+    device: &B::Device,
+) -> anyhow::Result<Vec<u8>> {
+    let param = Param::from_tensor(Tensor::<B, 1>::zeros([1], device));
+    let mut grads = GradientsParams::new();
+    grads.register(param.id, Tensor::<B::InnerBackend, 1>::ones([1], device));
+    let mut optim = Optim::<Param<Tensor<B, 1>>, B>::new(train);
+    let _ = optim.step(1e-3, param, grads);
+    optim.to_bytes()
 }

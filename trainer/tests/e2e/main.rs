@@ -4,6 +4,8 @@
 //! Table of contents:
 /// The book's commands parse and its figures exist.
 mod book;
+/// Hostile checkpoints: files that are no regular files, foreign names, records of another run.
+mod checkpoints;
 mod common;
 /// Bad configs, flags and data: exact messages and exit codes.
 mod errors;
