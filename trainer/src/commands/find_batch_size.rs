@@ -297,7 +297,7 @@ pub fn run(args: FindArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<(
     }
     let scratch = settings.train.output_dir.join("find-batch-size");
     // One search per config at a time: the trials' folders are this search's.
-    let _owned = crate::outputs::claim_scratch(&scratch)?;
+    let _owned = crate::outputs::claim_scratch(&settings.train.output_dir, "find-batch-size")?;
     let search = Search {
         args: trial,
         limit,

@@ -12,7 +12,7 @@ use crate::memory::diagnosis;
 use crate::memory::estimate::Target;
 use crate::memory::heap::{Heap, HeapProbe};
 use crate::memory::host;
-use crate::outputs::{self, lock::LOCK_FILE};
+use crate::outputs;
 use crate::training::checkpoint;
 use crate::training::interrupt::{Interrupt, Stopped};
 use crate::training::{train, RunOptions};
@@ -47,8 +47,8 @@ pub fn run(cli: RunArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()>
         let what = "stopped before training began; nothing was written".into();
         return Err(Stopped { signal, what }.into());
     }
-    // The output folder stays this run's until it ends (the lock is released with `_owned`).
-    let (settings, _owned) = match cli.trial {
+    // The output folder stays this run's until it ends (the lock is released with `owned`).
+    let (settings, owned) = match cli.trial {
         true => (settings, None),
         false => {
             let (settings, lock) = outputs::prepare(
@@ -64,31 +64,28 @@ pub fn run(cli: RunArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()>
         let output = settings.train.output_dir.clone();
         interrupt.on_second(move || {
             // Stopped before the first checkpoint: a folder holding nothing but this run's
-            // lock file is removed (remove_dir removes only an empty folder).
-            let only_lock = std::fs::read_dir(&output)
-                .map(|entries| {
-                    entries
-                        .take(2)
-                        .filter_map(Result::ok)
-                        .map(|e| e.file_name())
-                        .collect::<Vec<_>>()
-                })
-                .is_ok_and(|names| names.len() == 1 && names[0] == LOCK_FILE);
-            if only_lock {
-                let _ = std::fs::remove_file(output.join(LOCK_FILE));
-            }
-            let _ = std::fs::remove_dir(&output);
+            // lock file is given up.
+            outputs::forget_if_unused(&output);
             checkpoint::describe(&checkpoint::dir(&output))
         });
     }
     let target = Target::of(selected.kind());
-    if !cli.trial && !cli.skip_memory_check {
-        diagnosis::check_budget(&settings, target)?;
-        if let Selected::Cuda(device) = &selected {
-            if let Some((free, total)) = device_memory(device.index) {
-                diagnosis::check_free(&settings, &selected.name(), free, total)?;
+    let fits = || -> anyhow::Result<()> {
+        if !cli.trial && !cli.skip_memory_check {
+            diagnosis::check_budget(&settings, target)?;
+            if let Selected::Cuda(device) = &selected {
+                if let Some((free, total)) = device_memory(device.index) {
+                    diagnosis::check_free(&settings, &selected.name(), free, total)?;
+                }
             }
         }
+        Ok(())
+    };
+    if let Err(over) = fits() {
+        // Nothing was trained: a folder this run made for it is given up.
+        drop(owned);
+        outputs::forget_if_unused(&settings.train.output_dir);
+        return Err(over);
     }
     let options = RunOptions {
         resume: cli.resume.as_deref(),

@@ -181,16 +181,21 @@ pub fn load_for(
                     .map_or(1, |span| 1 + text[..span.start].matches('\n').count()),
                 message: one_line(e.message()),
             })?;
-    if !overrides.is_empty() {
-        // The file must be valid on its own: an override must not hide a bad value in it.
-        deserialize(table.clone())?;
-    }
+    // An override must not hide a bad value: a value it replaces is validated where it stood
+    // (the file on its own, or the config as it was when a later `--set` replaced it).
+    let file = table.clone();
+    let mut file_checked = false;
+    let mut assigned: Vec<String> = Vec::new();
     for arg in overrides {
-        apply_override(&mut table, arg)?;
-        if overrides.len() > 1 {
-            // A later `--set` of the same key must not hide an invalid earlier one.
-            deserialize(table.clone())?;
+        let before = table.clone();
+        let (key, replaced) = apply_override(&mut table, arg)?;
+        if assigned.contains(&key) {
+            validate(path, deserialize(before)?, purpose)?;
+        } else if replaced && !file_checked {
+            validate(path, deserialize(file.clone())?, purpose)?;
+            file_checked = true;
         }
+        assigned.push(key);
     }
     validate(path, deserialize(table)?, purpose)
 }
@@ -214,8 +219,9 @@ fn one_line(s: &str) -> String {
     s.trim().replace('\n', " ")
 }
 
-/// Sets a dotted `key` in `table` to `value`, creating sections as needed.
-fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
+/// Sets a dotted `key` in `table` to `value`, creating sections as needed; returns the key
+/// and whether it replaced a value.
+fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(String, bool), ConfigError> {
     let (key, value) = arg
         .split_once('=')
         .ok_or_else(|| ConfigError::SetSyntax(arg.into()))?;
@@ -246,8 +252,8 @@ fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError>
             message: "is a value, not a section".into(),
         })?;
     }
-    node.insert(leaf.into(), value);
-    Ok(())
+    let replaced = node.insert(leaf.into(), value).is_some();
+    Ok((key.to_string(), replaced))
 }
 
 /// An error for the first of `keys` that is set (`true`) though it does not apply; `applies`

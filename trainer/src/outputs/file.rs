@@ -77,3 +77,24 @@ pub fn create_fresh(tmp: &Path) -> std::io::Result<std::fs::File> {
         .custom_flags(libc::O_NOFOLLOW)
         .open(tmp)
 }
+
+/// Makes `path` an empty regular file if nothing is there (a folder's mark of ownership);
+/// an existing regular file is left as it is, anything else is an error.
+pub fn create_marker(path: &Path) -> std::io::Result<()> {
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => match fault(path) {
+            None => Ok(()),
+            Some(what) => Err(std::io::Error::new(
+                ErrorKind::InvalidInput,
+                format!("{}: {what}", path.display()),
+            )),
+        },
+        Err(e) => Err(e),
+    }
+}

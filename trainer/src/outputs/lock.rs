@@ -5,7 +5,8 @@
 //! run names. It stays after the run and marks the folder as one this program writes in.
 
 use std::fs::{File, OpenOptions, TryLockError};
-use std::io::{Read, Write};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -32,6 +33,20 @@ pub enum LockError {
 impl FolderLock {
     /// Takes the lock of `dir` (an existing folder) without waiting.
     pub fn acquire(dir: &Path) -> Result<Self, LockError> {
+        // A lock file removed (by its owner, giving up an unused folder) between our open and
+        // our lock is no longer the folder's: lock the one at the path now. Bounded: each
+        // retry needs another process to remove the file again in that instant.
+        for _ in 0..8 {
+            if let Some(lock) = Self::try_once(dir)? {
+                return Ok(lock);
+            }
+        }
+        Err(LockError::Held(None))
+    }
+
+    /// One attempt; `None` when the file locked is no longer the one at the path.
+    fn try_once(dir: &Path) -> Result<Option<Self>, LockError> {
+        use std::os::unix::fs::MetadataExt;
         let path = dir.join(LOCK_FILE);
         // O_NOFOLLOW: a symlink planted as the lock file is refused (ELOOP), never followed;
         // O_NONBLOCK: a FIFO there cannot block the open.
@@ -43,10 +58,12 @@ impl FolderLock {
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&path)
             .map_err(LockError::Io)?;
-        if !file.metadata().map_err(LockError::Io)?.is_file() {
+        let held = file.metadata().map_err(LockError::Io)?;
+        // One link only: a hard link planted as the lock file would have another file emptied.
+        if !held.is_file() || held.nlink() != 1 {
             return Err(LockError::Io(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
-                format!("{LOCK_FILE} is not a regular file"),
+                format!("{LOCK_FILE} is not a regular file of its own"),
             )));
         }
         match file.try_lock() {
@@ -54,13 +71,21 @@ impl FolderLock {
             Err(TryLockError::WouldBlock) => return Err(LockError::Held(owner(&mut file))),
             Err(TryLockError::Error(e)) => return Err(LockError::Io(e)),
         }
-        file.set_len(0)
-            .and_then(|()| file.write_all(format!("{}\n", std::process::id()).as_bytes()))
+        let same = std::fs::symlink_metadata(&path)
+            .is_ok_and(|now| now.dev() == held.dev() && now.ino() == held.ino());
+        if !same {
+            return Ok(None);
+        }
+        // The pid is written in place (the file holds at most a line): a reader racing with
+        // this write sees no pid, never another process's.
+        let pid = format!("{:<20}\n", std::process::id());
+        file.write_all_at(pid.as_bytes(), 0)
+            .and_then(|()| file.set_len(pid.len() as u64))
             .map_err(LockError::Io)?;
-        Ok(Self {
+        Ok(Some(Self {
             _file: file,
             dir: dir.to_path_buf(),
-        })
+        }))
     }
 
     /// The folder held.

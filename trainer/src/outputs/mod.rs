@@ -92,6 +92,10 @@ pub fn prepare(
             .filter(|p| !p.as_os_str().is_empty())
             .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
     }
+    if let Some(path) = summary_json {
+        // Before any folder is made: a bad path leaves nothing behind.
+        file::check("--summary-json", path)?;
+    }
     let lock = if resume.is_none() && !t.output_dir_given {
         let first = t.output_dir.clone();
         let mut note = None;
@@ -133,7 +137,11 @@ pub fn prepare(
         claim(&t.output_dir, resume, overwrite).map_err(|r| r.error(key, &t.output_dir))?
     };
     if let Some(path) = summary_json {
-        check_summary(path, &t.output_dir, resume)?;
+        if let Err(e) = check_summary(path, &t.output_dir, resume) {
+            drop(lock);
+            forget_if_unused(&t.output_dir);
+            return Err(e);
+        }
     }
     Ok((settings, lock))
 }
@@ -158,31 +166,47 @@ fn claim(dir: &Path, resume: Option<&Path>, overwrite: bool) -> Result<FolderLoc
             )));
         }
     }
-    let has_checkpoint = |d: &Path| checkpoint::exists(&checkpoint::dir(d));
-    let lock = claim_folder(dir, &has_checkpoint)?;
+    // An unmarked folder of an earlier version is this program's when it holds a readable
+    // checkpoint (a linked or FIFO manifest does not make it so).
+    let earlier = |d: &Path| checkpoint_set::locate(&checkpoint::dir(d)).is_ok();
+    let lock = claim_folder(dir, &earlier)?;
+    if let Err(refusal) = run_folder_fits(dir, resume, overwrite) {
+        drop(lock);
+        forget_if_unused(dir);
+        return Err(refusal);
+    }
+    Ok(lock)
+}
+
+/// What a claimed run folder must be: its own names what the run would write, and no
+/// checkpoint but the one it continues (unless `overwrite`).
+fn run_folder_fits(dir: &Path, resume: Option<&Path>, overwrite: bool) -> Result<(), Refusal> {
+    let shown = |p: &Path| printable(&p.display().to_string());
     folder::check_files(dir, &RUN_FILES).map_err(Refusal::Bad)?;
     let mut members = checkpoint::FILES.to_vec();
     members.push(checkpoint_set::MANIFEST);
     folder::check_sets(dir, &RUN_SETS, &members).map_err(Refusal::Bad)?;
-    match resume {
-        None if has_checkpoint(dir) && !overwrite => Err(Refusal::Taken(format!(
+    let own = checkpoint::dir(dir);
+    // `exists` counts a damaged set too: it is a set, never silently replaced.
+    if !checkpoint::exists(&own) || overwrite {
+        return Ok(());
+    }
+    let Some(resumed) = resume else {
+        return Err(Refusal::Taken(format!(
             "holds the checkpoint of an earlier run: continue it with --resume {}, replace it \
              with --overwrite, or choose another folder",
-            shown(&checkpoint::dir(dir))
+            shown(&own)
+        )));
+    };
+    // Both as the loader finds them (`checkpoint.old` after a swap cut short).
+    let set = |p: &Path| checkpoint_set::locate(p).ok().map(|s| canonical(&s));
+    match (set(&own), set(resumed)) {
+        (Some(own), Some(resumed)) if own == resumed => Ok(()),
+        _ => Err(Refusal::Bad(format!(
+            "holds the checkpoint of another run than the one resumed (--resume {}): choose \
+             another folder, or replace it with --overwrite",
+            shown(&canonical(resumed))
         ))),
-        Some(resumed) => {
-            let resumed = canonical(resumed);
-            let own = checkpoint_set::locate(&checkpoint::dir(dir)).ok();
-            if own.is_some_and(|own| canonical(&own) != resumed) && !overwrite {
-                return Err(Refusal::Bad(format!(
-                    "holds the checkpoint of another run than the one resumed (--resume {}): \
-                     choose another folder, or replace it with --overwrite",
-                    shown(&resumed)
-                )));
-            }
-            Ok(lock)
-        }
-        None => Ok(lock),
     }
 }
 
@@ -213,26 +237,19 @@ pub fn claim_report(
     given: bool,
     overwrite: bool,
 ) -> Result<(PathBuf, FolderLock), ConfigError> {
-    let has_report = |d: &Path| d.join("report.json").is_file();
+    let has_report = |d: &Path| {
+        std::fs::symlink_metadata(d.join("report.json")).is_ok_and(|m| m.file_type().is_file())
+    };
     let one = |dir: &Path| -> Result<FolderLock, Refusal> {
         let lock = claim_folder(dir, &has_report)?;
-        folder::check_files(dir, &REPORT_FILES).map_err(Refusal::Bad)?;
-        let runs = dir.join("runs");
-        if std::fs::symlink_metadata(&runs).is_ok_and(|m| !m.is_dir()) {
-            return Err(Refusal::Bad(
-                "runs there is not a folder (compare keeps each run's outputs in it): move it away"
-                    .into(),
-            ));
-        }
-        if has_report(dir) && !overwrite {
-            return Err(Refusal::Taken(
-                "holds the report of an earlier compare: replace it with --overwrite, or choose \
-                 another folder"
-                    .into(),
-            ));
+        if let Err(refusal) = report_folder_fits(dir, &has_report, overwrite) {
+            drop(lock);
+            forget_if_unused(dir);
+            return Err(refusal);
         }
         Ok(lock)
     };
+
     if given {
         let lock = one(out).map_err(|r| r.error("--out", out))?;
         return Ok((out.to_path_buf(), lock));
@@ -268,6 +285,31 @@ pub fn claim_report(
     ))
 }
 
+/// What a claimed `--out` must be: its report files what compare writes, `runs` a folder, and
+/// no earlier report unless `overwrite`.
+fn report_folder_fits(
+    dir: &Path,
+    has_report: &dyn Fn(&Path) -> bool,
+    overwrite: bool,
+) -> Result<(), Refusal> {
+    folder::check_files(dir, &REPORT_FILES).map_err(Refusal::Bad)?;
+    let runs = dir.join("runs");
+    if std::fs::symlink_metadata(&runs).is_ok_and(|m| !m.is_dir()) {
+        return Err(Refusal::Bad(
+            "runs there is not a folder (compare keeps each run's outputs in it): move it away"
+                .into(),
+        ));
+    }
+    if has_report(dir) && !overwrite {
+        return Err(Refusal::Taken(
+            "holds the report of an earlier compare: replace it with --overwrite, or choose \
+             another folder"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks `--summary-json`: a file that can be written ([`file::check`]), and not one of the
 /// run's own files or a path inside a checkpoint (its own, or the one it resumes).
 fn check_summary(path: &Path, dir: &Path, resume: Option<&Path>) -> Result<(), ConfigError> {
@@ -276,7 +318,7 @@ fn check_summary(path: &Path, dir: &Path, resume: Option<&Path>) -> Result<(), C
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
     let full =
         canonical(parent.unwrap_or(Path::new("."))).join(path.file_name().unwrap_or_default());
-    // (A path ending in `..` has no file name: file::check below refuses it as a folder.)
+    // (A path ending in `..` has no file name: file::check refused it as a folder.)
     let dir = canonical(dir);
     let name = full
         .file_name()
@@ -303,31 +345,79 @@ fn check_summary(path: &Path, dir: &Path, resume: Option<&Path>) -> Result<(), C
             printable(&set.display().to_string())
         )));
     }
-    file::check(flag, path)
+    Ok(())
 }
 
 /// Claims `find-batch-size`'s scratch folder (`<output_dir>/find-batch-size`) for the search:
 /// one search at a time per config.
-pub fn claim_scratch(dir: &Path) -> Result<FolderLock, ConfigError> {
-    claim_folder(dir, &|_| false).map_err(|r| r.error("train.output_dir", dir))
+pub fn claim_scratch(output_dir: &Path, name: &str) -> Result<FolderLock, ConfigError> {
+    let key = "train.output_dir";
+    let cannot =
+        |e: std::io::Error| Refusal::Bad(format!("cannot write there: {e}")).error(key, output_dir);
+    // The run folder it lies in must be this program's too (never `/` or a home folder); a
+    // new one is marked as such, so a later run takes it as its own. It is not locked: a run
+    // may train there while a search measures beside it.
+    std::fs::create_dir_all(output_dir).map_err(cannot)?;
+    let earlier = |d: &Path| checkpoint_set::locate(&checkpoint::dir(d)).is_ok();
+    if let Standing::Foreign(example) = folder::standing(output_dir, &earlier).map_err(cannot)? {
+        return Err(Refusal::Taken(format!(
+            "holds files this program did not write ({example}, …): name a new or empty folder, \
+             or one an earlier run wrote"
+        ))
+        .error(key, output_dir));
+    }
+    file::create_marker(&output_dir.join(LOCK_FILE)).map_err(cannot)?;
+    let dir = output_dir.join(name);
+    // An earlier version left only trial folders (`batch-N`) in its scratch folder.
+    let earlier = |d: &Path| {
+        std::fs::read_dir(d).is_ok_and(|entries| {
+            entries
+                .take(10_000)
+                .all(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("batch-")))
+        })
+    };
+    claim_folder(&dir, &earlier).map_err(|r| r.error(key, &dir))
 }
 
-/// `path` with links and `..` resolved: its longest existing ancestor canonicalized, the rest
-/// (not made yet) appended as given, so a folder not yet made compares like the one it will be.
-fn canonical(path: &Path) -> PathBuf {
+/// `path` made absolute with links and `..` resolved, one component at a time: where a
+/// prefix exists it is canonicalized (links followed as the kernel would), and the part not
+/// made yet is appended with its `..` applied, so a folder not yet made compares like the one
+/// it will be (`nope/../runs/a/checkpoint/out` is inside `runs/a/checkpoint`).
+pub fn canonical(path: &Path) -> PathBuf {
+    use std::path::Component;
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    let mut rest = Vec::new();
-    let mut head = absolute.as_path();
-    loop {
-        if let Ok(real) = std::fs::canonicalize(head) {
-            return rest.iter().rev().fold(real, |p, part| p.join(part));
-        }
-        match (head.parent(), head.file_name()) {
-            (Some(parent), Some(name)) => {
-                rest.push(name.to_os_string());
-                head = parent;
+    let mut real = PathBuf::new();
+    for part in absolute.components() {
+        match part {
+            Component::ParentDir => {
+                real.pop();
             }
-            _ => return absolute,
+            Component::CurDir => {}
+            other => {
+                real.push(other);
+                if let Ok(resolved) = std::fs::canonicalize(&real) {
+                    real = resolved;
+                }
+            }
         }
+    }
+    real
+}
+
+/// Gives up a folder this process claimed but wrote nothing in (a refusal or an error after
+/// the claim): when it holds only the lock file, both are removed. A process that opened the
+/// lock file meanwhile notices it is gone ([`lock::FolderLock::acquire`]).
+pub fn forget_if_unused(dir: &Path) {
+    let only_lock = std::fs::read_dir(dir).is_ok_and(|entries| {
+        let names: Vec<_> = entries
+            .take(2)
+            .filter_map(Result::ok)
+            .map(|e| e.file_name())
+            .collect();
+        names.len() == 1 && names[0] == LOCK_FILE
+    });
+    if only_lock {
+        let _ = std::fs::remove_file(dir.join(LOCK_FILE));
+        let _ = std::fs::remove_dir(dir);
     }
 }

@@ -260,7 +260,8 @@ pub fn verify(
             return Err(corrupt(
                 &path,
                 format!(
-                    "states {} bytes for {name}, more than the {max} a checkpoint's {name} may                      hold",
+                    "states {} bytes for {name}, more than the {max} a checkpoint's {name} may \
+                     hold",
                     expected.bytes
                 ),
             ));

@@ -178,6 +178,9 @@ impl Shared {
         // Written without eprintln!, which panics where the terminal is gone (SIGHUP): the
         // stop must happen whether or not its line can be shown.
         let mut err = std::io::stderr();
+        if signal == SIGHUP {
+            leave_the_terminal();
+        }
         if state.received == 1 {
             state.since = Some(Instant::now());
             self.first.store(signal, Ordering::SeqCst);
@@ -190,10 +193,31 @@ impl Shared {
             let _ = writeln!(
                 err,
                 "{start}second {short}: stopped at once; {}",
-                (state.kept)()
+                crate::report::printable(&(state.kept)())
             );
             // `_exit`: other threads may be mid-step; nothing of theirs must run on the way out.
             signal_hook::low_level::exit(128 + signal);
+        }
+    }
+}
+
+/// After SIGHUP the terminal is gone: a write to it fails (EIO), and every `println!` or
+/// `eprintln!` the run still makes (a note, the summary table) would panic. Standard output
+/// and error that are terminals are pointed at /dev/null instead; a file or a pipe they write
+/// to (`trainer … > log 2>&1`) is kept.
+fn leave_the_terminal() {
+    use std::os::fd::AsRawFd;
+    let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") else {
+        return;
+    };
+    for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
+        // SAFETY: isatty(3) and dup2(2) take plain descriptors and touch no memory of ours;
+        // `null` is open for both calls, and dup2 replaces `fd` in one step, so no other
+        // thread's write sees it closed.
+        unsafe {
+            if libc::isatty(fd) == 1 {
+                libc::dup2(null.as_raw_fd(), fd);
+            }
         }
     }
 }

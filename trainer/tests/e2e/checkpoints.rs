@@ -306,3 +306,57 @@ fn absurd_loop_counters_are_refused() {
         );
     }
 }
+
+/// A tmpfs mounted for one test, unmounted however the test ends.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A full disk while checkpointing: the OS's reason reaches the line (it was Burn's
+/// `Unknown("invalid value write: error while writing multi-byte MessagePack value")`), and
+/// no partial set is left behind. Needs root to mount a 256 KiB tmpfs; elsewhere it says so
+/// and checks nothing.
+#[test]
+fn a_full_disk_is_named_with_the_os_error() {
+    let dir = temp("full-disk");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
+        .arg(&dir)
+        .stderr(Stdio::null())
+        .status();
+    if !mounted.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    }
+    let _guard = Mounted(dir.clone());
+    let output = format!("train.output_dir={}", toml(&dir.join("run")));
+    let args = with_small(&[
+        "--config",
+        "configs/f32.toml",
+        "--set",
+        &output,
+        "--max-steps",
+        "1",
+    ]);
+    let out = bounded(&args);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stderr(&out);
+    let last = text.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: ") && last.ends_with("No space left on device (os error 28)"),
+        "{last}"
+    );
+    assert!(
+        last.contains(&arg(&dir.join("run"))),
+        "names the file: {last}"
+    );
+    assert!(!text.contains("MessagePack"), "{text}");
+    assert!(
+        !dir.join("run/checkpoint.partial").exists(),
+        "no partial set is left behind"
+    );
+}

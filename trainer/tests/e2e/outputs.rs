@@ -324,6 +324,13 @@ fn a_run_writes_only_in_a_folder_it_owns() {
         "{}",
         first_line(&out)
     );
+    // The same, spelled through a folder that does not exist yet: nothing is made.
+    let around = dir_around(&a_ckpt);
+    let set = format!("train.output_dir={}", toml(&around));
+    let out = run(&with_small(&["--resume", &arg(&a_ckpt), "--set", &set]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(first_line(&out).contains("lies inside the checkpoint it resumes"));
+    assert!(!a.join("nope").exists() && !a_ckpt.join("out").exists());
     // --summary-json over the run's own step log, or into a checkpoint.
     let into_a = format!("train.output_dir={}", toml(&a));
     for (path, what) in [
@@ -355,6 +362,12 @@ fn a_run_writes_only_in_a_folder_it_owns() {
             format!("config error: --summary-json = {}: {what}", path.display())
         );
     }
+}
+
+/// `<a>/nope/../checkpoint/out` for the checkpoint `<a>/checkpoint`.
+fn dir_around(checkpoint: &Path) -> PathBuf {
+    let a = checkpoint.parent().unwrap();
+    a.join("nope").join("..").join("checkpoint").join("out")
 }
 
 #[test]
@@ -525,4 +538,23 @@ fn a_config_name_with_escapes_reaches_no_terminal_or_folder_raw() {
     assert_eq!(text.lines().count(), 1, "one line: {text}");
     assert!(!text.contains('\u{1b}'), "{text:?}");
     assert!(text.contains("red\\u{1b}[31m\\nname.toml"), "{text}");
+}
+
+/// A swap cut short between its two renames leaves `checkpoint.old` only: resuming the run by
+/// its usual name continues it (the folder's own set is the one resumed).
+#[test]
+fn a_resume_after_a_swap_cut_short_continues_in_its_folder() {
+    let dir = temp("swap-cut");
+    let set = format!("train.output_dir={}", toml(&dir));
+    let first = run(&with_small(&["--max-steps", "1", "--set", &set]));
+    assert!(first.status.success(), "{}", stderr(&first));
+    std::fs::rename(dir.join("checkpoint"), dir.join("checkpoint.old")).unwrap();
+    let resume = run(&with_small(&[
+        "--resume",
+        &arg(&dir.join("checkpoint")),
+        "--max-steps",
+        "2",
+    ]));
+    assert!(resume.status.success(), "{}", stderr(&resume));
+    assert!(dir.join("checkpoint/manifest.json").exists());
 }

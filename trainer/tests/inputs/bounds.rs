@@ -131,6 +131,12 @@ fn values_that_would_train_on_nothing_are_refused() {
         "{line}"
     );
     settings("", &["train.lr=1e-9"]);
+    // A value replaced by a later `--set`, or a file's value replaced by a `--set`, is checked
+    // where it stood.
+    let negative = "train.lr = -1: must be a finite number > 0";
+    assert_eq!(error("", &["train.lr=-1", "train.lr=0.1"]), negative);
+    assert_eq!(error("[train]\nlr = -1\n", &["train.lr=0.1"]), negative);
+    settings("", &["model.name=mobilenet", "model.width_multiplier=0.5"]);
     assert_eq!(
         error("", &["backend.kind=tpu", "backend.kind=cpu"]),
         "backend.kind: unknown variant `tpu`, expected one of `auto`, `cuda`, `wgpu`, `cpu`"
