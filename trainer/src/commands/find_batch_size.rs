@@ -18,6 +18,7 @@ use crate::backend::{self, Selected};
 use crate::cli::{ConfigArgs, FindArgs};
 use crate::config::{self, Purpose};
 use crate::memory::human;
+use crate::outputs;
 use crate::training::interrupt::{Interrupt, Stopped};
 
 /// One trial step.
@@ -295,9 +296,11 @@ pub fn run(args: FindArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<(
              tried (a trial would train on {split})"
         );
     }
-    let scratch = settings.train.output_dir.join("find-batch-size");
+    let scratch = settings.train.output_dir.join(outputs::FIND_BATCH_SIZE);
     // One search per config at a time: the trials' folders are this search's.
-    let _owned = crate::outputs::claim_scratch(&settings.train.output_dir, "find-batch-size")?;
+    let _owned = outputs::claim_scratch(&settings.train.output_dir, outputs::FIND_BATCH_SIZE)?;
+    // However the search ends (an answer, nothing fitting, an error), its trials' folders go.
+    let _trials = RemoveOnDrop(scratch.clone());
     let search = Search {
         args: trial,
         limit,
@@ -317,4 +320,14 @@ pub fn run(args: FindArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<(
         )?;
     }
     Ok(())
+}
+
+/// A folder removed when the search ends, however it ends.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        // Best effort: what is left is this search's own scratch, taken back by the next one.
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

@@ -166,10 +166,7 @@ fn claim(dir: &Path, resume: Option<&Path>, overwrite: bool) -> Result<FolderLoc
             )));
         }
     }
-    // An unmarked folder of an earlier version is this program's when it holds a readable
-    // checkpoint (a linked or FIFO manifest does not make it so).
-    let earlier = |d: &Path| checkpoint_set::locate(&checkpoint::dir(d)).is_ok();
-    let lock = claim_folder(dir, &earlier)?;
+    let lock = claim_folder(dir, &earlier_run)?;
     if let Err(refusal) = run_folder_fits(dir, resume, overwrite) {
         drop(lock);
         forget_if_unused(dir);
@@ -228,6 +225,21 @@ fn claim_folder(dir: &Path, earlier: &dyn Fn(&Path) -> bool) -> Result<FolderLoc
     file::writable_folder(dir).map_err(cannot)?;
     Ok(lock)
 }
+
+/// Whether an unmarked folder is a run folder an earlier version wrote: it holds a readable
+/// checkpoint (a linked or FIFO manifest does not make it so), or only what that version's
+/// `find-batch-size` left (its scratch folder).
+fn earlier_run(dir: &Path) -> bool {
+    checkpoint_set::locate(&checkpoint::dir(dir)).is_ok()
+        || std::fs::read_dir(dir).is_ok_and(|entries| {
+            entries
+                .take(2)
+                .all(|e| e.is_ok_and(|e| e.file_name() == FIND_BATCH_SIZE))
+        })
+}
+
+/// `find-batch-size`'s scratch folder inside a run folder.
+pub const FIND_BATCH_SIZE: &str = "find-batch-size";
 
 /// Claims `--out` of `trainer compare` (`given`: named on the command line, else the default,
 /// which moves on to `-2`, `-3`, … when an earlier compare's report is there). A named folder
@@ -358,8 +370,9 @@ pub fn claim_scratch(output_dir: &Path, name: &str) -> Result<FolderLock, Config
     // new one is marked as such, so a later run takes it as its own. It is not locked: a run
     // may train there while a search measures beside it.
     std::fs::create_dir_all(output_dir).map_err(cannot)?;
-    let earlier = |d: &Path| checkpoint_set::locate(&checkpoint::dir(d)).is_ok();
-    if let Standing::Foreign(example) = folder::standing(output_dir, &earlier).map_err(cannot)? {
+    if let Standing::Foreign(example) =
+        folder::standing(output_dir, &earlier_run).map_err(cannot)?
+    {
         return Err(Refusal::Taken(format!(
             "holds files this program did not write ({example}, …): name a new or empty folder, \
              or one an earlier run wrote"

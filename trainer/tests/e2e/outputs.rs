@@ -36,6 +36,25 @@ fn long_run(dir: &Path, cwd: &Path, config: Option<&Path>) -> Child {
         .expect("spawn trainer")
 }
 
+/// Runs `trainer ARGS` in the folder `cwd` (where `runs/` is made), CUDA and wgpu off.
+fn run_in<S: AsRef<std::ffi::OsStr>>(cwd: &Path, args: &[S]) -> std::process::Output {
+    Command::new(binary())
+        .args(args)
+        .current_dir(cwd)
+        .env("OOMLAB_NO_CUDA", "1")
+        .env("OOMLAB_NO_WGPU", "1")
+        .output()
+        .expect("spawn trainer")
+}
+
+/// One small training step of `config` with its default output folder under `cwd`.
+fn one_step_in(cwd: &Path, config: &Path) -> std::process::Output {
+    let config = arg(config);
+    let mut args = vec!["--config", config.as_str()];
+    args.extend(with_small(&["--max-steps", "1"]));
+    run_in(cwd, &args)
+}
+
 /// Waits (at most two minutes) until `path` exists, failing the test if `child` ended first.
 fn wait_for(path: &Path, child: &mut Child) {
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -108,14 +127,7 @@ fn a_default_folder_in_use_gives_the_next_numbered_one() {
     std::fs::write(&config, "").unwrap();
     let mut first = long_run(&dir, &dir, Some(&config));
     wait_for(&dir.join("runs/busy/checkpoint/manifest.json"), &mut first);
-    let second = Command::new(binary())
-        .args(["--config", &arg(&config)])
-        .args(with_small(&["--max-steps", "1"]))
-        .current_dir(&dir)
-        .env("OOMLAB_NO_CUDA", "1")
-        .env("OOMLAB_NO_WGPU", "1")
-        .output()
-        .unwrap();
+    let second = one_step_in(&dir, &config);
     let pid = first.id();
     stop(first);
     assert!(second.status.success(), "{}", stderr(&second));
@@ -492,13 +504,7 @@ fn compare_keeps_an_earlier_report_unless_told() {
     // Without --out, a second compare takes runs/compare-2.
     let default = compare(&[]);
     for n in [1, 2] {
-        let out = Command::new(binary())
-            .args(&default)
-            .current_dir(&dir)
-            .env("OOMLAB_NO_CUDA", "1")
-            .env("OOMLAB_NO_WGPU", "1")
-            .output()
-            .unwrap();
+        let out = run_in(&dir, &default);
         assert!(out.status.success(), "{}", stderr(&out));
         if n == 2 {
             assert!(
@@ -519,14 +525,7 @@ fn a_config_name_with_escapes_reaches_no_terminal_or_folder_raw() {
     let dir = temp("escapes");
     let config = dir.join("red\u{1b}[31m\nname.toml");
     std::fs::write(&config, "").unwrap();
-    let out = Command::new(binary())
-        .args(["--config", &arg(&config)])
-        .args(with_small(&["--max-steps", "1"]))
-        .current_dir(&dir)
-        .env("OOMLAB_NO_CUDA", "1")
-        .env("OOMLAB_NO_WGPU", "1")
-        .output()
-        .unwrap();
+    let out = one_step_in(&dir, &config);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(dir
         .join("runs/red--31m-name/checkpoint/manifest.json")
