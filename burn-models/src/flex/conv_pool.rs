@@ -292,35 +292,15 @@ impl Round {
 }
 
 /// `dst[:, 0..n]` (row stride `dst_rs`) `= lhs [m, k] · rhsᵀ` for `rhs [n, k]`, both
-/// row-major: Flex's im2col gemm call, on one thread.
+/// row-major: Flex's im2col gemm call, on one thread, through the checked wrapper.
 fn gemm_tile([m, n, k]: [usize; 3], lhs: &[f32], rhs: &[f32], dst: &mut [f32], dst_rs: usize) {
-    // The extents the strides reach, checked so the call below stays in bounds.
-    assert!(m > 0 && n > 0 && k > 0);
-    assert!(lhs.len() >= m * k && rhs.len() >= n * k);
-    assert!(dst.len() >= (m - 1) * dst_rs + n);
-    // SAFETY: the asserts keep every address inside the slices: dst [m, n] with row stride
-    // dst_rs, lhs [m, k] row-major, rhs read as [k, n] (column stride k, row stride 1).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            dst_rs as isize,
-            false,
-            lhs.as_ptr(),
-            1,
-            k as isize,
-            rhs.as_ptr(),
-            k as isize,
-            1,
-            0f32,
-            1f32,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
+    // rhs is read as [k, n]: row stride 1, column stride k.
+    super::gemm_into(
+        (m, n, k),
+        (dst, dst_rs),
+        false,
+        (lhs, (k, 1)),
+        (rhs, (1, k)),
+        false,
+    );
 }

@@ -82,57 +82,75 @@ pub(crate) fn write_rows(mut whole: FlexTensor, start: usize, part: FlexTensor) 
 /// copy or second sum is made). `lhs [m, k]` and `rhs [k, n]` may be half precision: they are
 /// widened to f32 here (a slice's worth), not through Flex's cast, which stages every value in
 /// f64. A `sum` that is absent starts at zero; one that is shared or strided is added to.
+///
+/// Only operands [`gemm_into`] can vouch for take gemm: 2-D, inner sizes that agree, no size
+/// zero, and strides that are non-negative (Flex's flipped views are not). Anything else goes
+/// to Flex's own matmul and add, which check their operands themselves.
 pub(crate) fn add_matmul(sum: Option<FlexTensor>, lhs: FlexTensor, rhs: FlexTensor) -> FlexTensor {
     let (lhs, rhs) = (widened(lhs), widened(rhs));
-    let (m, k) = dims2(&lhs);
-    let n = dims2(&rhs).1;
+    let composed = |sum: Option<FlexTensor>, lhs, rhs| {
+        let product = Flex::float_matmul(lhs, rhs);
+        match sum {
+            Some(sum) => Flex::float_add(sum, product),
+            None => product,
+        }
+    };
+    let (Some(l), Some(r)) = (Operand::of(&lhs), Operand::of(&rhs)) else {
+        return composed(sum, lhs, rhs);
+    };
+    let (m, k, n) = (l.rows, l.cols, r.cols);
+    if r.rows != k || m == 0 || k == 0 || n == 0 {
+        return composed(sum, lhs, rhs);
+    }
     let mut sum = match sum {
-        Some(sum) if sum.is_unique() && sum.is_contiguous() && sum.layout().start_offset() == 0 => {
+        Some(sum)
+            if sum.is_unique()
+                && sum.is_contiguous()
+                && sum.layout().start_offset() == 0
+                && sum.dtype() == DType::F32
+                && sum.layout().shape().to_vec() == [m, n] =>
+        {
             sum
         }
-        Some(sum) => {
-            return Flex::float_add(sum, Flex::float_matmul(lhs, rhs));
-        }
+        Some(sum) => return composed(Some(sum), lhs, rhs),
         None => FlexTensor::filled_typed(Shape::new([m, n]), DType::F32, 0f32),
     };
-    let (l_rs, l_cs) = strides2(&lhs);
-    let (r_rs, r_cs) = strides2(&rhs);
-    let l = &lhs.storage::<f32>()[lhs.layout().start_offset()..];
-    let r = &rhs.storage::<f32>()[rhs.layout().start_offset()..];
+    let lv = &lhs.storage::<f32>()[lhs.layout().start_offset()..];
+    let rv = &rhs.storage::<f32>()[rhs.layout().start_offset()..];
     let dst = sum.storage_mut::<f32>();
-    assert_eq!(dst.len(), m * n, "add_matmul: the sum is [m, n]");
-    let parallelism = if m.saturating_mul(n).saturating_mul(k) >= 1 << 18 {
-        gemm::Parallelism::Rayon(0)
-    } else {
-        gemm::Parallelism::None
-    };
-    // SAFETY: `dst` is a unique contiguous `[m, n]` f32 buffer (row stride n, column 1); `l`
-    // and `r` are f32 views whose layouts give in-bounds `[m, k]` and `[k, n]` strides from
-    // their start offsets; gemm reads `dst` (read_dst) and writes `dst + 1 · lhs · rhs`.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            true,
-            l.as_ptr(),
-            l_cs,
-            l_rs,
-            r.as_ptr(),
-            r_cs,
-            r_rs,
-            1f32,
-            1f32,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
+    gemm_into(
+        (m, n, k),
+        (dst, n),
+        true,
+        (lv, l.strides),
+        (rv, r.strides),
+        true,
+    );
     sum
+}
+
+/// A 2-D f32 view gemm may read: its sizes and its (row, column) strides, none negative.
+struct Operand {
+    rows: usize,
+    cols: usize,
+    strides: (usize, usize),
+}
+
+impl Operand {
+    fn of(t: &FlexTensor) -> Option<Self> {
+        let (shape, strides) = (t.layout().shape(), t.layout().strides());
+        if shape.len() != 2 || strides.len() != 2 || t.dtype() != DType::F32 {
+            return None;
+        }
+        Some(Self {
+            rows: shape[0],
+            cols: shape[1],
+            strides: (
+                usize::try_from(strides[0]).ok()?,
+                usize::try_from(strides[1]).ok()?,
+            ),
+        })
+    }
 }
 
 /// `op` on the first tensor's dtype, computed in f32 when that dtype is half precision: the
@@ -215,17 +233,6 @@ pub(crate) fn convert(t: FlexTensor, dtype: DType) -> FlexTensor {
     }
 }
 
-fn dims2(t: &FlexTensor) -> (usize, usize) {
-    let s = t.layout().shape();
-    (s[0], s[1])
-}
-
-/// (row stride, column stride) of a 2-D layout, in elements.
-fn strides2(t: &FlexTensor) -> (isize, isize) {
-    let s = t.layout().strides();
-    (s[0], s[1])
-}
-
 /// `dst [rows, cols] (= or +=) lhs · rhs` in f32 with the given (row, column) strides.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm_f32(
@@ -238,18 +245,58 @@ pub(super) fn gemm_f32(
     rhs_strides: (usize, usize),
     parallel: bool,
 ) {
-    assert!(dst.len() >= rows * cols);
-    // SAFETY: `dst` holds `rows · cols` initialised values.
+    gemm_into(
+        (rows, cols, inner),
+        (dst, cols),
+        add,
+        (lhs, lhs_strides),
+        (rhs, rhs_strides),
+        parallel,
+    );
+}
+
+/// The checked wrapper every gemm call of the CPU kernels goes through: `dst [rows, cols]`
+/// (row stride `dst_rs`, column stride 1) `= or +=` `lhs [rows, inner] · rhs [inner, cols]`,
+/// each operand a slice with its (row, column) strides. Panics, before gemm runs, when a size
+/// is zero or a stride reaches past its slice (computed without overflow), so no call reads or
+/// writes outside the slices it was given.
+pub(super) fn gemm_into(
+    (rows, cols, inner): (usize, usize, usize),
+    (dst, dst_rs): (&mut [f32], usize),
+    add: bool,
+    lhs: (&[f32], (usize, usize)),
+    rhs: (&[f32], (usize, usize)),
+    parallel: bool,
+) {
+    assert!(
+        reach(rows, cols, dst_rs, 1).is_some_and(|r| r <= dst.len()),
+        "gemm: the destination [{rows}, {cols}] (row stride {dst_rs}) lies outside its {} values",
+        dst.len()
+    );
+    // SAFETY: the assert keeps every destination address inside `dst`, which holds
+    // initialised values (read when `add`); gemm_raw checks the operands.
     unsafe {
         gemm_raw(
             (rows, cols, inner),
-            dst.as_mut_ptr(),
+            (dst.as_mut_ptr(), dst_rs),
             add,
-            (lhs, lhs_strides),
-            (rhs, rhs_strides),
+            lhs,
+            rhs,
             parallel,
         )
     }
+}
+
+/// One past the last element a `[rows, cols]` view with strides `(rs, cs)` reaches; `None`
+/// for an empty view or when the product overflows.
+fn reach(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<usize> {
+    if rows == 0 || cols == 0 {
+        return None;
+    }
+    (rows - 1)
+        .checked_mul(rs)?
+        .checked_add((cols - 1).checked_mul(cs)?)?
+        .checked_add(1)
 }
 
 /// `lhs · rhs` in f32 as a new row-major `[rows, cols]` buffer, written once by gemm (never
@@ -270,7 +317,7 @@ pub(super) fn gemm_new(
     unsafe {
         gemm_raw(
             (rows, cols, inner),
-            out.as_mut_ptr(),
+            (out.as_mut_ptr(), cols),
             false,
             lhs,
             rhs,
@@ -281,29 +328,40 @@ pub(super) fn gemm_new(
     out
 }
 
-/// `dst [rows, cols] (= or +=) lhs · rhs` in f32 through a raw row-major destination.
+/// `dst [rows, cols] (= or +=) lhs · rhs` in f32 through a raw destination with row stride
+/// `dst_rs` (column stride 1). The operands' reach is checked here.
 ///
 /// # Safety
-/// `dst` must be valid for writes of `rows · cols` values, and for reads of them when `add`.
+/// `dst` must be valid for writes at `i · dst_rs + j` for every `i < rows`, `j < cols`, and
+/// for reads there when `add`.
 unsafe fn gemm_raw(
     (rows, cols, inner): (usize, usize, usize),
-    dst: *mut f32,
+    (dst, dst_rs): (*mut f32, usize),
     add: bool,
     (lhs, (l_rs, l_cs)): (&[f32], (usize, usize)),
     (rhs, (r_rs, r_cs)): (&[f32], (usize, usize)),
     parallel: bool,
 ) {
     // The extents the strides reach, checked so that the call below stays in bounds.
-    let reach = |r: usize, c: usize, rs: usize, cs: usize| (r - 1) * rs + (c - 1) * cs + 1;
-    assert!(rows > 0 && cols > 0 && inner > 0);
-    assert!(lhs.len() >= reach(rows, inner, l_rs, l_cs));
-    assert!(rhs.len() >= reach(inner, cols, r_rs, r_cs));
-    let parallelism = match parallel && rows * cols * inner >= 1 << 18 {
+    assert!(rows > 0 && cols > 0 && inner > 0, "gemm: a size is zero");
+    assert!(
+        reach(rows, inner, l_rs, l_cs).is_some_and(|r| r <= lhs.len()),
+        "gemm: lhs [{rows}, {inner}] with strides ({l_rs}, {l_cs}) lies outside its {} values",
+        lhs.len()
+    );
+    assert!(
+        reach(inner, cols, r_rs, r_cs).is_some_and(|r| r <= rhs.len()),
+        "gemm: rhs [{inner}, {cols}] with strides ({r_rs}, {r_cs}) lies outside its {} values",
+        rhs.len()
+    );
+    let parallelism = match parallel && rows.saturating_mul(cols).saturating_mul(inner) >= 1 << 18 {
         true => gemm::Parallelism::Rayon(0),
         false => gemm::Parallelism::None,
     };
+    // Strides as gemm takes them; each fits an isize, since it reached inside a slice.
+    let signed = |v: usize| v as isize;
     // SAFETY: the asserts above keep every address the strides form inside the slices; the
-    // caller vouches for `dst`, row-major [rows, cols].
+    // caller vouches for `dst` with row stride `dst_rs`.
     unsafe {
         gemm::gemm(
             rows,
@@ -311,14 +369,14 @@ unsafe fn gemm_raw(
             inner,
             dst,
             1,
-            cols as isize,
+            signed(dst_rs),
             add,
             lhs.as_ptr(),
-            l_cs as isize,
-            l_rs as isize,
+            signed(l_cs),
+            signed(l_rs),
             rhs.as_ptr(),
-            r_cs as isize,
-            r_rs as isize,
+            signed(r_cs),
+            signed(r_rs),
             if add { 1f32 } else { 0f32 },
             1f32,
             false,

@@ -482,3 +482,66 @@ fn batch_norm_statistics_hold_far_from_zero() {
         );
     }
 }
+
+/// `<Flex as ModelBackend>::float_add_matmul` hands gemm only what its checked wrapper can
+/// vouch for: a flipped view (negative strides), a transposed one and a sum of another shape
+/// give Flex's own matmul and add, and operands whose inner sizes disagree panic (in Flex's
+/// matmul) instead of reading past a buffer.
+#[test]
+fn add_matmul_takes_only_operands_it_can_check() {
+    use burn::tensor::TensorPrimitive;
+    let device = Default::default();
+    let float = |t: Tensor<Flex, 2>| t.into_primitive().tensor();
+    let ours = |sum: Option<Tensor<Flex, 2>>, lhs: Tensor<Flex, 2>, rhs: Tensor<Flex, 2>| {
+        Tensor::<Flex, 2>::from_primitive(TensorPrimitive::Float(
+            <Flex as ModelBackend>::float_add_matmul(sum.map(float), float(lhs), float(rhs)),
+        ))
+    };
+    let close = |a: Tensor<Flex, 2>, b: Tensor<Flex, 2>| {
+        assert_eq!(a.dims(), b.dims());
+        let gap: f32 = (a - b.clone()).abs().max().into_scalar();
+        let scale: f32 = b.abs().max().into_scalar();
+        assert!(gap <= 1e-5 * scale.max(1.0), "gap {gap}");
+    };
+    let lhs = Tensor::<Flex, 2>::random([5, 7], Distribution::Default, &device);
+    let rhs = Tensor::<Flex, 2>::random([7, 3], Distribution::Default, &device);
+    let sum = Tensor::<Flex, 2>::random([5, 3], Distribution::Default, &device);
+    // Contiguous operands, with and without a sum: gemm's path.
+    close(
+        ours(None, lhs.clone(), rhs.clone()),
+        lhs.clone().matmul(rhs.clone()),
+    );
+    close(
+        ours(Some(sum.clone()), lhs.clone(), rhs.clone()),
+        sum.clone() + lhs.clone().matmul(rhs.clone()),
+    );
+    // Flipped views (Flex gives them negative strides) and a transposed one.
+    for (l, r) in [
+        (lhs.clone().flip([0]), rhs.clone()),
+        (lhs.clone(), rhs.clone().flip([1])),
+        (lhs.clone().flip([0, 1]), rhs.clone().flip([0])),
+        (
+            Tensor::<Flex, 2>::random([7, 5], Distribution::Default, &device).transpose(),
+            rhs.clone(),
+        ),
+    ] {
+        let expected = l.clone().matmul(r.clone());
+        close(ours(None, l.clone(), r.clone()), expected.clone());
+        close(ours(Some(sum.clone()), l, r), sum.clone() + expected);
+    }
+    // A sum that broadcasts: added by Flex, not written through as if it were [5, 3].
+    let row = Tensor::<Flex, 2>::random([1, 3], Distribution::Default, &device);
+    close(
+        ours(Some(row.clone()), lhs.clone(), rhs.clone()),
+        row + lhs.clone().matmul(rhs.clone()),
+    );
+    // Inner sizes that disagree: a panic, never a result read past the operands.
+    let wide = Tensor::<Flex, 2>::random([2, 64], Distribution::Default, &device);
+    let small = Tensor::<Flex, 2>::random([3, 4], Distribution::Default, &device);
+    let mismatched =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ours(None, wide, small)));
+    assert!(
+        mismatched.is_err(),
+        "a [2, 64] · [3, 4] product must not return"
+    );
+}
