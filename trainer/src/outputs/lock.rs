@@ -21,12 +21,17 @@ pub struct FolderLock {
     dir: PathBuf,
 }
 
-/// Why a folder could not be locked.
-#[derive(Debug)]
+/// Why a folder could not be locked; shown after `key = folder: `.
+#[derive(Debug, thiserror::Error)]
 pub enum LockError {
     /// Another process holds it (its pid, when it had written it).
+    #[error(
+        "in use by another trainer process{}: wait for it to end, or choose another folder",
+        .0.map_or_else(String::new, |pid| format!(" (pid {pid})"))
+    )]
     Held(Option<u32>),
     /// The lock file could not be opened or locked (or is not a regular file).
+    #[error("cannot lock it ({LOCK_FILE}): {0}")]
     Io(std::io::Error),
 }
 
@@ -99,20 +104,4 @@ fn owner(file: &mut File) -> Option<u32> {
     let mut text = String::new();
     file.take(32).read_to_string(&mut text).ok()?;
     text.trim().parse().ok()
-}
-
-impl LockError {
-    /// The refusal, for `key = dir: …`.
-    pub fn describe(&self) -> String {
-        match self {
-            Self::Held(Some(pid)) => format!(
-                "in use by another trainer process (pid {pid}): wait for it to end, or choose \
-                 another folder"
-            ),
-            Self::Held(None) => "in use by another trainer process: wait for it to end, or \
-                                 choose another folder"
-                .into(),
-            Self::Io(e) => format!("cannot lock it ({LOCK_FILE}): {e}"),
-        }
-    }
 }

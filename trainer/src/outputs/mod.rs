@@ -219,8 +219,8 @@ fn claim_folder(dir: &Path, earlier: &dyn Fn(&Path) -> bool) -> Result<FolderLoc
         )));
     }
     let lock = FolderLock::acquire(dir).map_err(|e| match e {
-        LockError::Held(_) => Refusal::Taken(e.describe()),
-        LockError::Io(_) => Refusal::Bad(e.describe()),
+        LockError::Held(_) => Refusal::Taken(e.to_string()),
+        LockError::Io(_) => Refusal::Bad(e.to_string()),
     })?;
     file::writable_folder(dir).map_err(cannot)?;
     Ok(lock)
