@@ -261,10 +261,19 @@ fn a_signal_at_start_leaves_no_empty_folder() {
     args.extend(["--summary-json".into(), arg(&base.join("s.json"))]);
     let run_ = spawn(&args);
     let deadline = Instant::now() + LIMIT;
-    while !catches(run_.pid(), libc::SIGTERM) && Instant::now() < deadline {
+    // The folder is looked for before the handler: a folder seen while no handler is seen
+    // afterwards was made first. (Looked at the other way round, a test thread that is slow
+    // to be scheduled would see a folder the run made after its handler.)
+    let mut made_before_the_handler = false;
+    loop {
+        let made = dir.exists();
+        let caught = catches(run_.pid(), libc::SIGTERM);
+        made_before_the_handler |= made && !caught;
+        if caught || Instant::now() >= deadline {
+            break;
+        }
         std::thread::sleep(Duration::from_micros(200));
     }
-    let made_before_the_handler = dir.exists();
     run_.signal(libc::SIGTERM);
     let (code, lines) = run_.finish();
     let text = lines.join("\n");
