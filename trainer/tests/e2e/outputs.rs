@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use super::common::{arg, binary, root, run, stderr, temp};
 use super::reliability::{first_line, toml, with_small};
 
-/// A run that keeps training until killed: 256 images, a checkpoint after every step.
-fn long_run(dir: &Path, cwd: &Path, config: Option<&Path>) -> Child {
+/// A run that keeps training until killed (at the latest when the test ends, even by a failed
+/// assertion: no run is left behind): 256 images, a checkpoint after every step.
+fn long_run(dir: &Path, cwd: &Path, config: Option<&Path>) -> Owner {
     let mut command = Command::new(binary());
     if let Some(config) = config {
         command.args(["--config", &arg(config)]);
@@ -33,7 +34,18 @@ fn long_run(dir: &Path, cwd: &Path, config: Option<&Path>) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
+        .map(Owner)
         .expect("spawn trainer")
+}
+
+/// The first run of a test, killed when dropped.
+struct Owner(Child);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Runs `trainer ARGS` in the folder `cwd` (where `runs/` is made), CUDA and wgpu off.
@@ -56,7 +68,7 @@ fn one_step_in(cwd: &Path, config: &Path) -> std::process::Output {
 }
 
 /// Waits (at most two minutes) until `path` exists, failing the test if `child` ended first.
-fn wait_for(path: &Path, child: &mut Child) {
+fn wait_for(path: &Path, Owner(child): &mut Owner) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while !path.exists() {
         if let Ok(Some(status)) = child.try_wait() {
@@ -73,9 +85,9 @@ fn wait_for(path: &Path, child: &mut Child) {
     }
 }
 
-fn stop(mut child: Child) {
-    let _ = child.kill();
-    let _ = child.wait();
+/// Kills the run now (SIGKILL: nothing of it runs on the way out).
+fn stop(owner: Owner) {
+    drop(owner);
 }
 
 #[test]
@@ -87,7 +99,7 @@ fn a_folder_in_use_is_refused_and_a_killed_owner_leaves_no_stale_lock() {
         "config error: train.output_dir = {}: in use by another trainer process (pid {}): wait \
          for it to end, or choose another folder",
         dir.display(),
-        first.id()
+        first.0.id()
     );
     let set = format!("train.output_dir={}", toml(&dir));
     let second = run(&with_small(&[
@@ -128,7 +140,7 @@ fn a_default_folder_in_use_gives_the_next_numbered_one() {
     let mut first = long_run(&dir, &dir, Some(&config));
     wait_for(&dir.join("runs/busy/checkpoint/manifest.json"), &mut first);
     let second = one_step_in(&dir, &config);
-    let pid = first.id();
+    let pid = first.0.id();
     stop(first);
     assert!(second.status.success(), "{}", stderr(&second));
     assert!(
