@@ -22,6 +22,15 @@ struct Running {
     seen: Vec<String>,
 }
 
+/// A run is killed when its test ends, however it ends (a failed assertion included), so no
+/// trainer is left running; one already reaped is left alone.
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn spawn(args: &[String]) -> Running {
     let mut child = Command::new(binary())
         .args(args)
@@ -115,7 +124,7 @@ impl Running {
                 Err(RecvTimeoutError::Timeout) => {}
             }
         }
-        (status.code(), self.seen)
+        (status.code(), std::mem::take(&mut self.seen))
     }
 }
 
