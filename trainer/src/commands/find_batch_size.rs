@@ -59,7 +59,7 @@ pub struct Search {
     pub effective_batch: usize,
     /// Largest micro-batch tried.
     pub max_batch: usize,
-    /// Where trial runs write (removed afterwards).
+    /// Where trial runs write (its owner removes it afterwards).
     pub scratch: PathBuf,
 }
 
@@ -73,8 +73,7 @@ fn largest_fit(trials: &[Trial]) -> Option<&Trial> {
 
 /// What a search stopped by `signal` after `trials` leaves: the trials are on stderr already,
 /// the answer so far is the error's line.
-fn stopped(signal: i32, trials: &[Trial], scratch: &std::path::Path) -> anyhow::Error {
-    let _ = std::fs::remove_dir_all(scratch);
+fn stopped(signal: i32, trials: &[Trial]) -> anyhow::Error {
     let so_far = match largest_fit(trials) {
         Some(t) => format!(
             "the largest micro-batch that fitted so far is {}{}",
@@ -112,7 +111,7 @@ pub fn find(search: &Search, interrupt: &Interrupt) -> anyhow::Result<Found> {
     let mut trial = |b: usize| -> anyhow::Result<bool> {
         if let Some(signal) = interrupt.requested() {
             bar.finish_and_clear();
-            return Err(stopped(signal, &trials, &search.scratch));
+            return Err(stopped(signal, &trials));
         }
         bar.set_message(format!("micro-batch {b}"));
         bar.inc(1);
@@ -128,7 +127,7 @@ pub fn find(search: &Search, interrupt: &Interrupt) -> anyhow::Result<Found> {
         if let (Some(signal), Err(_)) = (interrupt.requested(), &result) {
             // Stopped by the signal: not a measurement.
             bar.finish_and_clear();
-            return Err(stopped(signal, &trials, &search.scratch));
+            return Err(stopped(signal, &trials));
         }
         let t = match result {
             Ok(s) => {
@@ -204,7 +203,6 @@ pub fn find(search: &Search, interrupt: &Interrupt) -> anyhow::Result<Found> {
         }
     }
     bar.finish_and_clear();
-    let _ = std::fs::remove_dir_all(&search.scratch);
     let e = search.effective_batch;
     // The fewest micro-batches that divide the effective batch exactly and each fit.
     let k = (1..=e)

@@ -63,7 +63,7 @@ enum Refusal {
 impl Refusal {
     fn error(self, key: &'static str, dir: &Path) -> ConfigError {
         let (Self::Taken(what) | Self::Bad(what)) = self;
-        out_of_range(key, printable(&dir.display().to_string()), &what)
+        out_of_range(key, shown(dir), &what)
     }
 }
 
@@ -97,40 +97,9 @@ pub fn prepare(
         file::check("--summary-json", path)?;
     }
     let lock = if resume.is_none() && !t.output_dir_given {
-        let first = t.output_dir.clone();
-        let mut note = None;
-        let mut claimed = None;
-        for n in 1..=MAX_NUMBERED {
-            let dir = match n {
-                1 => first.clone(),
-                n => suffixed(&first, &format!("-{n}")),
-            };
-            match claim(&dir, None, overwrite) {
-                Ok(lock) => {
-                    claimed = Some((dir, lock));
-                    break;
-                }
-                Err(Refusal::Taken(why)) => {
-                    note.get_or_insert(why);
-                }
-                Err(bad) => return Err(bad.error(key, &dir)),
-            }
-        }
-        let Some((dir, lock)) = claimed else {
-            return Err(out_of_range(
-                key,
-                printable(&first.display().to_string()),
-                &format!("it and its {MAX_NUMBERED} numbered neighbours are taken: name a folder"),
-            ));
-        };
-        if let (Some(why), true) = (note, dir != first) {
-            eprintln!(
-                "note: {} {}; this run writes to {}",
-                printable(&first.display().to_string()),
-                short(&why),
-                printable(&dir.display().to_string())
-            );
-        }
+        let (dir, lock) = claim_numbered(&t.output_dir, key, "this run", &|d| {
+            claim(d, None, overwrite)
+        })?;
         t.output_dir = dir;
         lock
     } else {
@@ -156,7 +125,6 @@ fn short(why: &str) -> &str {
 
 /// Claims `dir` for a training run (see [`prepare`]).
 fn claim(dir: &Path, resume: Option<&Path>, overwrite: bool) -> Result<FolderLock, Refusal> {
-    let shown = |p: &Path| printable(&p.display().to_string());
     // Before anything is made: a folder inside the checkpoint would change what it resumes.
     if let Some(resumed) = resume.map(canonical) {
         if canonical(dir).starts_with(&resumed) {
@@ -166,19 +134,54 @@ fn claim(dir: &Path, resume: Option<&Path>, overwrite: bool) -> Result<FolderLoc
             )));
         }
     }
-    let lock = claim_folder(dir, &earlier_run)?;
-    if let Err(refusal) = run_folder_fits(dir, resume, overwrite) {
-        drop(lock);
-        forget_if_unused(dir);
-        return Err(refusal);
+    claim_folder(dir, &earlier_run, &|d| {
+        run_folder_fits(d, resume, overwrite)
+    })
+}
+
+/// `first`, or the first of `first-2` … `first-1000` that `claim` takes, for a folder chosen
+/// by default: a folder another run holds ([`Refusal::Taken`]) moves on to the next number,
+/// and the note says why (`who` writes there).
+fn claim_numbered(
+    first: &Path,
+    key: &'static str,
+    who: &str,
+    claim: &dyn Fn(&Path) -> Result<FolderLock, Refusal>,
+) -> Result<(PathBuf, FolderLock), ConfigError> {
+    let mut note: Option<String> = None;
+    for n in 1..=MAX_NUMBERED {
+        let dir = match n {
+            1 => first.to_path_buf(),
+            n => suffixed(first, &format!("-{n}")),
+        };
+        match claim(&dir) {
+            Ok(lock) => {
+                if let (Some(why), true) = (note.as_deref(), n > 1) {
+                    eprintln!(
+                        "note: {} {}; {who} writes to {}",
+                        shown(first),
+                        short(why),
+                        shown(&dir)
+                    );
+                }
+                return Ok((dir, lock));
+            }
+            Err(Refusal::Taken(why)) => {
+                note.get_or_insert(why);
+            }
+            Err(bad) => return Err(bad.error(key, &dir)),
+        }
     }
-    Ok(lock)
+    Err(out_of_range(
+        key,
+        shown(first),
+        &format!("it and its {MAX_NUMBERED} numbered neighbours are taken: name a folder"),
+    ))
 }
 
 /// What a claimed run folder must be: its own names what the run would write, and no
 /// checkpoint but the one it continues (unless `overwrite`).
 fn run_folder_fits(dir: &Path, resume: Option<&Path>, overwrite: bool) -> Result<(), Refusal> {
-    let shown = |p: &Path| printable(&p.display().to_string());
     folder::check_files(dir, &RUN_FILES).map_err(Refusal::Bad)?;
     let mut members = checkpoint::FILES.to_vec();
     members.push(checkpoint_set::MANIFEST);
@@ -207,23 +210,50 @@ fn run_folder_fits(dir: &Path, resume: Option<&Path>, overwrite: bool) -> Result
     }
 }
 
-/// Creates `dir` if needed, checks it is this program's ([`folder::standing`], `earlier`
-/// recognising an unmarked folder of an earlier version), locks it and proves it takes files.
-fn claim_folder(dir: &Path, earlier: &dyn Fn(&Path) -> bool) -> Result<FolderLock, Refusal> {
-    let cannot = |e: std::io::Error| Refusal::Bad(format!("cannot write there: {e}"));
+/// Creates `dir` if needed and checks it is this program's ([`folder::standing`], `earlier`
+/// recognising an unmarked folder of an earlier version).
+fn ours(dir: &Path, earlier: &dyn Fn(&Path) -> bool) -> Result<(), Refusal> {
     std::fs::create_dir_all(dir).map_err(cannot)?;
-    if let Standing::Foreign(example) = folder::standing(dir, earlier).map_err(cannot)? {
-        return Err(Refusal::Taken(format!(
+    match folder::standing(dir, earlier).map_err(cannot)? {
+        Standing::Ours => Ok(()),
+        Standing::Foreign(example) => Err(Refusal::Taken(format!(
             "holds files this program did not write ({example}, …): name a new or empty folder, \
              or one an earlier run wrote"
-        )));
+        ))),
     }
+}
+
+/// [`ours`], then locks `dir`, proves it takes files and checks it `fits` what the claimant
+/// will write there; a refusal after the lock gives the folder up ([`forget_if_unused`]).
+fn claim_folder(
+    dir: &Path,
+    earlier: &dyn Fn(&Path) -> bool,
+    fits: &dyn Fn(&Path) -> Result<(), Refusal>,
+) -> Result<FolderLock, Refusal> {
+    ours(dir, earlier)?;
     let lock = FolderLock::acquire(dir).map_err(|e| match e {
         LockError::Held(_) => Refusal::Taken(e.to_string()),
         LockError::Io(_) => Refusal::Bad(e.to_string()),
     })?;
-    file::writable_folder(dir).map_err(cannot)?;
+    if let Err(refusal) = file::writable_folder(dir)
+        .map_err(cannot)
+        .and_then(|()| fits(dir))
+    {
+        drop(lock);
+        forget_if_unused(dir);
+        return Err(refusal);
+    }
     Ok(lock)
+}
+
+/// An I/O error as the refusal `cannot write there: …`.
+fn cannot(e: std::io::Error) -> Refusal {
+    Refusal::Bad(format!("cannot write there: {e}"))
+}
+
+/// A path as it is shown in a message (control characters escaped).
+fn shown(path: &Path) -> String {
+    printable(&path.display().to_string())
 }
 
 /// Whether an unmarked folder is a run folder an earlier version wrote: it holds a readable
@@ -252,49 +282,16 @@ pub fn claim_report(
     let has_report = |d: &Path| {
         std::fs::symlink_metadata(d.join("report.json")).is_ok_and(|m| m.file_type().is_file())
     };
-    let one = |dir: &Path| -> Result<FolderLock, Refusal> {
-        let lock = claim_folder(dir, &has_report)?;
-        if let Err(refusal) = report_folder_fits(dir, &has_report, overwrite) {
-            drop(lock);
-            forget_if_unused(dir);
-            return Err(refusal);
-        }
-        Ok(lock)
+    let claim = |dir: &Path| {
+        claim_folder(dir, &has_report, &|d| {
+            report_folder_fits(d, &has_report, overwrite)
+        })
     };
-
     if given {
-        let lock = one(out).map_err(|r| r.error("--out", out))?;
+        let lock = claim(out).map_err(|r| r.error("--out", out))?;
         return Ok((out.to_path_buf(), lock));
     }
-    let mut note: Option<String> = None;
-    for n in 1..=MAX_NUMBERED {
-        let dir = match n {
-            1 => out.to_path_buf(),
-            n => suffixed(out, &format!("-{n}")),
-        };
-        match one(&dir) {
-            Ok(lock) => {
-                if let (Some(why), true) = (note.as_deref(), n > 1) {
-                    eprintln!(
-                        "note: {} {}; this compare writes to {}",
-                        printable(&out.display().to_string()),
-                        short(why),
-                        printable(&dir.display().to_string())
-                    );
-                }
-                return Ok((dir, lock));
-            }
-            Err(Refusal::Taken(why)) => {
-                note.get_or_insert(why);
-            }
-            Err(bad) => return Err(bad.error("--out", &dir)),
-        }
-    }
-    Err(out_of_range(
-        "--out",
-        printable(&out.display().to_string()),
-        &format!("it and its {MAX_NUMBERED} numbered neighbours are taken: name a folder"),
-    ))
+    claim_numbered(out, "--out", "this compare", &claim)
 }
 
 /// What a claimed `--out` must be: its report files what compare writes, `runs` a folder, and
@@ -326,7 +323,7 @@ fn report_folder_fits(
 /// run's own files or a path inside a checkpoint (its own, or the one it resumes).
 fn check_summary(path: &Path, dir: &Path, resume: Option<&Path>) -> Result<(), ConfigError> {
     let flag = "--summary-json";
-    let refuse = |what: String| out_of_range(flag, printable(&path.display().to_string()), &what);
+    let refuse = |what: String| out_of_range(flag, shown(path), &what);
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
     let full =
         canonical(parent.unwrap_or(Path::new("."))).join(path.file_name().unwrap_or_default());
@@ -354,7 +351,7 @@ fn check_summary(path: &Path, dir: &Path, resume: Option<&Path>) -> Result<(), C
     {
         return Err(refuse(format!(
             "lies inside a checkpoint ({}): name a file outside it",
-            printable(&set.display().to_string())
+            shown(&set)
         )));
     }
     Ok(())
@@ -364,22 +361,12 @@ fn check_summary(path: &Path, dir: &Path, resume: Option<&Path>) -> Result<(), C
 /// one search at a time per config.
 pub fn claim_scratch(output_dir: &Path, name: &str) -> Result<FolderLock, ConfigError> {
     let key = "train.output_dir";
-    let cannot =
-        |e: std::io::Error| Refusal::Bad(format!("cannot write there: {e}")).error(key, output_dir);
     // The run folder it lies in must be this program's too (never `/` or a home folder); a
     // new one is marked as such, so a later run takes it as its own. It is not locked: a run
     // may train there while a search measures beside it.
-    std::fs::create_dir_all(output_dir).map_err(cannot)?;
-    if let Standing::Foreign(example) =
-        folder::standing(output_dir, &earlier_run).map_err(cannot)?
-    {
-        return Err(Refusal::Taken(format!(
-            "holds files this program did not write ({example}, …): name a new or empty folder, \
-             or one an earlier run wrote"
-        ))
-        .error(key, output_dir));
-    }
-    file::create_marker(&output_dir.join(LOCK_FILE)).map_err(cannot)?;
+    ours(output_dir, &earlier_run)
+        .and_then(|()| file::create_marker(&output_dir.join(LOCK_FILE)).map_err(cannot))
+        .map_err(|r| r.error(key, output_dir))?;
     let dir = output_dir.join(name);
     // An earlier version left only trial folders (`batch-N`) in its scratch folder.
     let earlier = |d: &Path| {
@@ -389,7 +376,7 @@ pub fn claim_scratch(output_dir: &Path, name: &str) -> Result<FolderLock, Config
                 .all(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("batch-")))
         })
     };
-    claim_folder(&dir, &earlier).map_err(|r| r.error(key, &dir))
+    claim_folder(&dir, &earlier, &|_| Ok(())).map_err(|r| r.error(key, &dir))
 }
 
 /// `path` made absolute with links and `..` resolved, one component at a time: where a
