@@ -1,4 +1,4 @@
-//! Layer calls under a [`Precision`] policy.
+//! Layer calls under a run's [`RunContext`]: its precision policy decides every dtype.
 //!
 //! Burn's nn modules use their f32 weights directly, and there is no implicit dtype promotion,
 //! so a policy-aware layer casts the input *and* `weight.val()` and calls the functional op in
@@ -12,15 +12,14 @@ use burn::tensor::module;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{activation, backend::Backend, Tensor, TensorMetadata, TensorPrimitive};
 
-use crate::backend::ModelBackend;
-use crate::batch_norm::BatchNormOutput;
-use crate::precision::{cast, Precision};
+use oomlab_engine::{cast, BatchNormOutput, ModelBackend, RunContext};
 
 /// A 2D convolution computed in the policy's compute dtype.
 ///
 /// # Shapes
 /// `[batch, c_in, h, w]` → `[batch, c_out, h_out, w_out]`
-pub fn conv2d<B: Backend>(p: &Precision, layer: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+pub fn conv2d<B: Backend>(cx: &RunContext, layer: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    let p = &cx.precision;
     module::conv2d(
         p.compute(x),
         p.compute(layer.weight.val()),
@@ -42,7 +41,7 @@ fn conv_options<B: Backend>(layer: &Conv2d<B>) -> ConvOptions<2> {
     ConvOptions::new(layer.stride, padding, layer.dilation, layer.groups)
 }
 
-/// Conv → ReLU → `k`×`k` max-pool as one op ([`conv_relu_pool`](crate::conv_relu_pool)):
+/// Conv → ReLU → `k`×`k` max-pool as one op ([`conv_relu_pool`](oomlab_engine::conv_relu_pool)):
 /// autodiff keeps the input, the pooled output and one byte per output instead of two
 /// full-resolution tensors and the argmax. Computed in the policy's compute dtype; a conv
 /// without bias, or an output not divisible into windows, takes the composed ops.
@@ -50,11 +49,12 @@ fn conv_options<B: Backend>(layer: &Conv2d<B>) -> ConvOptions<2> {
 /// # Shapes
 /// `[batch, c_in, h, w]` → `[batch, c_out, h_out / k, w_out / k]`
 pub fn conv_relu_pool<B: ModelBackend>(
-    p: &Precision,
+    cx: &RunContext,
     layer: &Conv2d<B>,
     x: Tensor<B, 4>,
     k: usize,
 ) -> Tensor<B, 4> {
+    let p = &cx.precision;
     let options = conv_options(layer);
     let [_, _, h, w] = x.dims();
     // The conv's output side along axis `i`, if the kernel fits at all.
@@ -77,15 +77,17 @@ pub fn conv_relu_pool<B: ModelBackend>(
                 bias.val().into_primitive().tensor(),
                 options,
                 k,
+                cx,
             );
             Tensor::from_primitive(TensorPrimitive::Float(out))
         }
-        _ => max_pool2d(relu(conv2d(p, layer, x)), k),
+        _ => max_pool2d(relu(conv2d(cx, layer, x)), k),
     }
 }
 
 /// A linear layer computed in the policy's compute dtype.
-pub fn linear<B: Backend>(p: &Precision, layer: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+pub fn linear<B: Backend>(cx: &RunContext, layer: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    let p = &cx.precision;
     module::linear(
         p.compute(x),
         p.compute(layer.weight.val()),
@@ -94,24 +96,26 @@ pub fn linear<B: Backend>(p: &Precision, layer: &Linear<B>, x: Tensor<B, 2>) -> 
 }
 
 /// A linear layer computed in the policy's compute dtype as one op
-/// ([`sliced_linear`](crate::sliced_linear)): the f32 weight is cast inside it, so no half
+/// ([`sliced_linear`](oomlab_engine::sliced_linear)): the f32 weight is cast inside it, so no half
 /// copy is kept, and backward makes the input gradient a slice of rows at a time. Same
 /// function as [`linear`]; a layer without bias takes [`linear`].
 ///
 /// # Shapes
 /// `[batch, in]` → `[batch, out]`
 pub fn linear_fused<B: ModelBackend>(
-    p: &Precision,
+    cx: &RunContext,
     layer: &Linear<B>,
     x: Tensor<B, 2>,
 ) -> Tensor<B, 2> {
+    let p = &cx.precision;
     let Some(bias) = &layer.bias else {
-        return linear(p, layer, x);
+        return linear(cx, layer, x);
     };
     let out = B::sliced_linear(
         p.compute(x).into_primitive().tensor(),
         layer.weight.val().into_primitive().tensor(),
         bias.val().into_primitive().tensor(),
+        cx,
     );
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
@@ -127,10 +131,11 @@ pub fn linear_fused<B: ModelBackend>(
 /// biased variance; a model trained here evaluates as it would in PyTorch.)
 /// Without autodiff (evaluation) it normalises with the running averages.
 pub fn batch_norm<B: ModelBackend>(
-    p: &Precision,
+    cx: &RunContext,
     layer: &BatchNorm<B>,
     x: Tensor<B, 4>,
 ) -> Tensor<B, 4> {
+    let p = &cx.precision;
     let work = p.batch_norm;
     let channels = x.dims()[1];
     let per_channel = |v: Tensor<B, 1>| cast(v, work).reshape([1, channels, 1, 1]);
@@ -152,22 +157,24 @@ pub fn batch_norm<B: ModelBackend>(
         layer.beta.val().into_primitive().tensor(),
         work,
         layer.epsilon,
+        cx,
     );
     update_running(layer, out, n * h * w)
 }
 
 /// Conv (no bias) → batch norm → ReLU. Under autodiff, one op
-/// ([`conv_bn_relu`](crate::conv_bn_relu)) that keeps the conv input, the batch-norm input
+/// ([`conv_bn_relu`](oomlab_engine::conv_bn_relu)) that keeps the conv input, the batch-norm input
 /// and per-channel statistics instead of three tensors; running averages as in
 /// [`batch_norm`]. Without autodiff, or for a conv with a bias, the composed layers.
 pub fn conv_bn_relu<B: ModelBackend>(
-    p: &Precision,
+    cx: &RunContext,
     conv: &Conv2d<B>,
     bn: &BatchNorm<B>,
     x: Tensor<B, 4>,
 ) -> Tensor<B, 4> {
+    let p = &cx.precision;
     if !B::ad_enabled(&x.device()) || conv.bias.is_some() {
-        return relu(batch_norm(p, bn, conv2d(p, conv, x)));
+        return relu(batch_norm(cx, bn, conv2d(cx, conv, x)));
     }
     let prim = |t: Tensor<B, 4>| t.into_primitive().tensor();
     let out = B::conv_bn_relu_train(
@@ -178,6 +185,7 @@ pub fn conv_bn_relu<B: ModelBackend>(
         conv_options(conv),
         p.batch_norm,
         bn.epsilon,
+        cx,
     );
     let [n, _, h, w] = out.output.shape().dims();
     update_running(bn, out, n * h * w)

@@ -7,17 +7,16 @@
 //! global average pool → Linear (1024·α → classes)
 //! ```
 //! Convolutions carry no bias: the batch norm after each one has its own shift. With `fuse`,
-//! each conv + BN + ReLU is one op ([`conv_bn_relu`](crate::conv_bn_relu)) that keeps two
+//! each conv + BN + ReLU is one op ([`conv_bn_relu`](oomlab_engine::conv_bn_relu)) that keeps two
 //! tensors for backward instead of three.
 
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::prelude::*;
 
-use crate::backend::ModelBackend;
-use crate::boundary::{mark, Boundary};
+use oomlab_engine::{mark, Boundary, ModelBackend, RunContext};
+
 use crate::layers;
-use crate::precision::Precision;
 
 /// The 13 depthwise-separable blocks of Table 1: `(out_channels at α = 1, stride)`.
 pub const BLOCKS: [(usize, usize); 13] = [
@@ -82,8 +81,8 @@ pub struct MobileNetConfig {
     /// Stride of the stem conv: 2 as in the paper, 1 keeps resolution for 32×32 inputs.
     #[config(default = 2)]
     pub stem_stride: usize,
-    /// Every conv → BN → ReLU as one op ([`conv_bn_relu`](crate::conv_bn_relu)), and the
-    /// classifier as [`sliced_linear`](crate::sliced_linear); same function, same gradients,
+    /// Every conv → BN → ReLU as one op ([`conv_bn_relu`](oomlab_engine::conv_bn_relu)), and the
+    /// classifier as [`sliced_linear`](oomlab_engine::sliced_linear); same function, same gradients,
     /// less kept for backward.
     #[config(default = false)]
     pub fuse: bool,
@@ -188,12 +187,12 @@ impl<B: Backend> ConvBn<B> {
 impl<B: ModelBackend> ConvBn<B> {
     /// # Shapes
     /// `[batch, c_in, h, w]` → `[batch, c_out, h / stride, w / stride]`
-    pub fn forward(&self, x: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
+    pub fn forward(&self, x: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 4> {
         if self.fuse {
-            return layers::conv_bn_relu(p, &self.conv, &self.bn, x);
+            return layers::conv_bn_relu(cx, &self.conv, &self.bn, x);
         }
-        let x = layers::conv2d(p, &self.conv, x);
-        let x = layers::batch_norm(p, &self.bn, x);
+        let x = layers::conv2d(cx, &self.conv, x);
+        let x = layers::batch_norm(cx, &self.bn, x);
         layers::relu(x)
     }
 }
@@ -217,9 +216,9 @@ impl<B: Backend> DepthwiseSeparable<B> {
 impl<B: ModelBackend> DepthwiseSeparable<B> {
     /// # Shapes
     /// `[batch, c_in, h, w]` → `[batch, c_out, h / stride, w / stride]`
-    pub fn forward(&self, x: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
-        let x = self.depthwise.forward(x, p); // [B, c_in, h/s, w/s]
-        self.pointwise.forward(x, p) // [B, c_out, h/s, w/s]
+    pub fn forward(&self, x: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 4> {
+        let x = self.depthwise.forward(x, cx); // [B, c_in, h/s, w/s]
+        self.pointwise.forward(x, cx) // [B, c_out, h/s, w/s]
     }
 }
 
@@ -257,10 +256,10 @@ impl<B: ModelBackend> MobileNet<B> {
     ///
     /// # Shapes
     /// `[batch, 3, size, size]` → `[batch, 1024α, size/(16s), size/(16s)]`
-    pub fn features(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
-        let mut x = mark(self.stem.forward(images, p), Boundary("stem")); // [B, 32α, size/s, size/s]
+    pub fn features(&self, images: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 4> {
+        let mut x = mark(self.stem.forward(images, cx), Boundary("stem"), cx); // [B, 32α, size/s, size/s]
         for (block, name) in self.blocks.iter().zip(BLOCK_NAMES) {
-            x = mark(block.forward(x, p), Boundary(name));
+            x = mark(block.forward(x, cx), Boundary(name), cx);
         }
         x
     }
@@ -269,14 +268,14 @@ impl<B: ModelBackend> MobileNet<B> {
     ///
     /// # Shapes
     /// `[batch, 3, size, size]` → `[batch, num_classes]`
-    pub fn forward(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 2> {
-        let x = layers::global_avg_pool(self.features(images, p)); // [B, 1024α]
-        let x = mark(x, Boundary("pool"));
+    pub fn forward(&self, images: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 2> {
+        let x = layers::global_avg_pool(self.features(images, cx)); // [B, 1024α]
+        let x = mark(x, Boundary("pool"), cx);
         let x = match self.fuse {
-            true => layers::linear_fused(p, &self.fc, x),
-            false => layers::linear(p, &self.fc, x),
+            true => layers::linear_fused(cx, &self.fc, x),
+            false => layers::linear(cx, &self.fc, x),
         };
-        let x = mark(x, Boundary("fc")); // [B, classes]
-        p.output(x)
+        let x = mark(x, Boundary("fc"), cx); // [B, classes]
+        cx.precision.output(x)
     }
 }

@@ -4,16 +4,15 @@
 //! [B,3,32,32] → Conv2d 3→64 k3 p1 → ReLU → MaxPool 2×2 → flatten → Linear 64·16·16 → 10
 //!               └──────── one op when fused (conv_relu_pool) ────────┘           └──── one op ────┘
 //! ```
-//! Fused, the classifier is one op too ([`sliced_linear`](crate::sliced_linear)).
+//! Fused, the classifier is one op too ([`sliced_linear`](oomlab_engine::sliced_linear)).
 
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
 use burn::prelude::*;
 
-use crate::backend::ModelBackend;
-use crate::boundary::{mark, Boundary};
+use oomlab_engine::{mark, Boundary, ModelBackend, RunContext};
+
 use crate::layers;
-use crate::precision::Precision;
 
 /// Configuration of [`SimpleModel`]. The defaults are the article's.
 #[derive(Config, Debug)]
@@ -22,8 +21,8 @@ pub struct SimpleModelConfig {
     #[config(default = 10)]
     pub num_classes: usize,
     /// Conv → ReLU → max-pool as one op that keeps no full-resolution tensor for backward
-    /// ([`conv_relu_pool`](crate::conv_relu_pool)), and the classifier as
-    /// [`sliced_linear`](crate::sliced_linear); same function, same gradients.
+    /// ([`conv_relu_pool`](oomlab_engine::conv_relu_pool)), and the classifier as
+    /// [`sliced_linear`](oomlab_engine::sliced_linear); same function, same gradients.
     #[config(default = false)]
     pub fuse: bool,
 }
@@ -68,27 +67,27 @@ impl<B: ModelBackend> SimpleModel<B> {
     ///
     /// # Shapes
     /// `[batch, 3, 32, 32]` → `[batch, 64, 16, 16]`
-    pub fn features(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
+    pub fn features(&self, images: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 4> {
         if self.fuse {
-            let x = layers::conv_relu_pool(p, &self.conv, images, 2); // [B, 64, 16, 16]
-            return mark(x, Boundary("conv+relu+pool"));
+            let x = layers::conv_relu_pool(cx, &self.conv, images, 2); // [B, 64, 16, 16]
+            return mark(x, Boundary("conv+relu+pool"), cx);
         }
-        let x = mark(layers::conv2d(p, &self.conv, images), Boundary("conv")); // [B, 64, 32, 32]
-        let x = mark(layers::relu(x), Boundary("relu"));
-        mark(layers::max_pool2d(x, 2), Boundary("pool")) // [B, 64, 16, 16]
+        let x = mark(layers::conv2d(cx, &self.conv, images), Boundary("conv"), cx); // [B, 64, 32, 32]
+        let x = mark(layers::relu(x), Boundary("relu"), cx);
+        mark(layers::max_pool2d(x, 2), Boundary("pool"), cx) // [B, 64, 16, 16]
     }
 
     /// Logits for a batch of images.
     ///
     /// # Shapes
     /// `[batch, 3, 32, 32]` → `[batch, num_classes]`
-    pub fn forward(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 2> {
-        let x = self.features(images, p).flatten(1, 3); // [B, 16384]
+    pub fn forward(&self, images: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 2> {
+        let x = self.features(images, cx).flatten(1, 3); // [B, 16384]
         let x = match self.fuse {
-            true => layers::linear_fused(p, &self.fc, x),
-            false => layers::linear(p, &self.fc, x),
+            true => layers::linear_fused(cx, &self.fc, x),
+            false => layers::linear(cx, &self.fc, x),
         };
-        let x = mark(x, Boundary("fc")); // [B, classes]
-        p.output(x)
+        let x = mark(x, Boundary("fc"), cx); // [B, classes]
+        cx.precision.output(x)
     }
 }

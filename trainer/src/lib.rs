@@ -27,7 +27,7 @@
 //! | 3. a smaller model | `model.width_multiplier` | `burn-models` `mobilenet.rs` |
 //! | 4. freeing cached memory | `memory.free_cache` | `memory/free_cache.rs` |
 //! | activation checkpointing | `memory.checkpointing` | `backend/mod.rs` (Burn's balanced strategy, picked by type) |
-//! | fused blocks | `memory.fuse` | `burn_models::conv_bn_relu`, `burn_models::conv_relu_pool` (custom autodiff ops) |
+//! | fused blocks | `memory.fuse` | `oomlab_engine::conv_bn_relu`, `oomlab_engine::conv_relu_pool` (custom autodiff ops) |
 //! | knowing before you run | `memory.budget` | `memory/estimate.rs`, `memory/diagnosis.rs` (fixes ranked) |
 //! | surviving an OOM | — | `memory/catch.rs` (the panic becomes the diagnosis, exit 3) |
 //! | the mistakes (teaching) | `mistakes.eval_with_autograd`, `mistakes.keep_losses` | `training/mistakes.rs`, `training/eval.rs`; the probe's evaluation peak (`memory/probe.rs`), per-step memory in `steps.csv` |

@@ -1,9 +1,12 @@
 //! The network a config names, as one type the training loop can hold.
 
-use burn::module::{ModuleMapper, Param};
+use std::sync::Mutex;
+
+use burn::module::{ModuleMapper, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::DType;
-use burn_models::{cast, MobileNet, MobileNetError, ModelBackend, Precision, SimpleModel};
+use burn_models::{MobileNet, MobileNetError, SimpleModel};
+use oomlab_engine::{cast, ModelBackend, RunContext};
 
 use crate::config::ModelSpec;
 
@@ -19,12 +22,21 @@ pub enum Classifier<B: Backend> {
 }
 
 impl<B: Backend> Classifier<B> {
-    /// Builds the model `spec` names on `device`.
-    pub fn init(spec: &ModelSpec, device: &B::Device) -> Result<Self, MobileNetError> {
-        Ok(match spec {
+    /// Builds the model `spec` names on `device`, every weight drawn from `seed` now. Burn's
+    /// random state is the backend's, one per process, and its parameters draw at first use:
+    /// another run in this process seeding or drawing between this seed and this model's first
+    /// forward would change its weights. The seed and every draw happen here, under one lock
+    /// (code that draws from Burn's state without it can still interleave).
+    pub fn init(spec: &ModelSpec, seed: u64, device: &B::Device) -> Result<Self, MobileNetError> {
+        static SEEDING: Mutex<()> = Mutex::new(());
+        let _turn = SEEDING.lock().unwrap_or_else(|e| e.into_inner());
+        B::seed(device, seed);
+        let model = match spec {
             ModelSpec::Simple(c) => Self::Simple(c.init(device)),
             ModelSpec::MobileNet(c) => Self::MobileNet(c.init(device)?),
-        })
+        };
+        model.visit(&mut Draw);
+        Ok(model)
     }
 
     /// Whether the network has batch norms (so whether their dtype matters).
@@ -43,19 +55,28 @@ impl<B: Backend> Classifier<B> {
 
 impl<B: ModelBackend> Classifier<B> {
     /// The feature maps before the classifier head, in the policy's compute dtype.
-    pub fn features(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 4> {
+    pub fn features(&self, images: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 4> {
         match self {
-            Self::Simple(m) => m.features(images, p),
-            Self::MobileNet(m) => m.features(images, p),
+            Self::Simple(m) => m.features(images, cx),
+            Self::MobileNet(m) => m.features(images, cx),
         }
     }
 
     /// Logits, `[batch, classes]`, in the policy's output dtype.
-    pub fn forward(&self, images: Tensor<B, 4>, p: &Precision) -> Tensor<B, 2> {
+    pub fn forward(&self, images: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 2> {
         match self {
-            Self::Simple(m) => m.forward(images, p),
-            Self::MobileNet(m) => m.forward(images, p),
+            Self::Simple(m) => m.forward(images, cx),
+            Self::MobileNet(m) => m.forward(images, cx),
         }
+    }
+}
+
+/// Initialises each parameter it visits (a lazy one draws its values at its first `val`).
+struct Draw;
+
+impl<B: Backend> ModuleVisitor<B> for Draw {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let _ = param.val();
     }
 }
 

@@ -4,7 +4,9 @@ use burn::backend::{Autodiff, Flex};
 use burn::nn::{BatchNorm, BatchNormConfig};
 use burn::tensor::{DType, Distribution, Tensor};
 use burn_models::layers;
-use burn_models::Precision;
+use burn_models::{Precision, RunContext};
+
+use crate::cx;
 
 type B = Autodiff<Flex>;
 
@@ -49,7 +51,7 @@ fn f32_op_matches_burns_batch_norm() {
     let g_ref = (reference.clone() * w.clone()).sum().backward();
 
     let x_op = x.detach().require_grad();
-    let ours = layers::batch_norm(&Precision::F32, &bn, x_op.clone());
+    let ours = layers::batch_norm(&RunContext::default(), &bn, x_op.clone());
     let g_ours = (ours.clone() * w).sum().backward();
 
     assert!(max_rel_err(ours.inner(), reference.inner()) < 1e-5);
@@ -71,7 +73,7 @@ fn f32_op_matches_burns_batch_norm() {
 #[test]
 fn running_statistics_follow_pytorch() {
     let (bn, x) = (layer(), input());
-    let _ = layers::batch_norm(&Precision::F32, &bn, x.clone());
+    let _ = layers::batch_norm(&RunContext::default(), &bn, x.clone());
     let [n, c, h, w] = x.dims();
     let count = (n * h * w) as f32;
     let per_channel = x.clone().inner().swap_dims(0, 1).reshape([c, n * h * w]);
@@ -110,12 +112,12 @@ fn f16_input_keeps_dtypes_and_matches_f32() {
     let policy = Precision::mixed(DType::F16, true);
 
     let x16 = Tensor::<B, 4>::from_inner(x.clone().inner().cast(DType::F16)).require_grad();
-    let y16 = layers::batch_norm(&policy, &bn, x16.clone());
+    let y16 = layers::batch_norm(&cx(&policy), &bn, x16.clone());
     assert_eq!(y16.dtype(), DType::F16);
     let w = Tensor::<B, 4>::random([4, 6, 5, 5], Distribution::Default, &Default::default());
     let g16 = (y16.clone().cast(DType::F32) * w.clone()).sum().backward();
 
-    let y32 = layers::batch_norm(&Precision::F32, &bn, x.clone());
+    let y32 = layers::batch_norm(&RunContext::default(), &bn, x.clone());
     let g32 = (y32.clone() * w).sum().backward();
 
     assert!(max_rel_err(y16.inner(), y32.inner()) < 2e-3);
@@ -151,6 +153,7 @@ fn batch_norm_computes_in_the_policys_dtype() {
             bn.beta.val().into_primitive().tensor(),
             work,
             bn.epsilon,
+            &RunContext::default(),
         );
         let mean = Tensor::<B, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(out.mean));
         let var = Tensor::<B, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(out.var));

@@ -1,6 +1,6 @@
 use burn::backend::Flex;
 use burn::tensor::{DType, Distribution, Tensor, TensorData};
-use burn_models::ModelBackend;
+use oomlab_engine::Kernels;
 
 fn bits(t: Tensor<Flex, 2>) -> TensorData {
     t.into_data()
@@ -26,7 +26,7 @@ fn convert_rounds_as_flexs_cast() {
     ] {
         let src = x.clone().cast(from);
         let ours = Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(
-            <Flex as ModelBackend>::float_convert(src.clone().into_primitive().tensor(), to),
+            <Flex as Kernels>::float_convert(src.clone().into_primitive().tensor(), to),
         ));
         assert_eq!(ours.dtype(), to, "{from:?} -> {to:?}");
         assert_eq!(bits(ours), bits(src.cast(to)), "{from:?} -> {to:?}");
@@ -43,7 +43,7 @@ fn f16_slice_conversions_equal_value_by_value() {
     let device = Default::default();
     let convert = |t: Tensor<Flex, 1>, to: DType| {
         Tensor::<Flex, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(
-            <Flex as ModelBackend>::float_convert(t.into_primitive().tensor(), to),
+            <Flex as Kernels>::float_convert(t.into_primitive().tensor(), to),
         ))
     };
     let agree = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
@@ -111,9 +111,8 @@ fn add_matmul_equals_matmul_then_add() {
             c.clone().cast(dtype),
         );
         let at = a.clone().transpose();
-        let sum = <Flex as ModelBackend>::float_add_matmul(None, prim(at.clone()), prim(b.clone()));
-        let sum =
-            <Flex as ModelBackend>::float_add_matmul(Some(sum), prim(at.clone()), prim(c.clone()));
+        let sum = <Flex as Kernels>::float_add_matmul(None, prim(at.clone()), prim(b.clone()));
+        let sum = <Flex as Kernels>::float_add_matmul(Some(sum), prim(at.clone()), prim(c.clone()));
         let sum = float(sum);
         assert_eq!(sum.dtype(), DType::F32);
         let wide = |t: Tensor<Flex, 2>| t.cast(DType::F32);
@@ -153,7 +152,7 @@ fn pointwise_conv_equals_flexs_conv() {
                 }
                 _ => conv2d(x.clone(), w.clone(), None, options(pad)),
             };
-            let ours = <Flex as ModelBackend>::float_conv2d(
+            let ours = <Flex as Kernels>::float_conv2d(
                 x.into_primitive().tensor(),
                 w.into_primitive().tensor(),
                 options(pad),
@@ -197,12 +196,12 @@ fn half_linear_input_grad_equals_the_generic_path() {
             Tensor::<Flex, 2>::random([features, outs], Distribution::Normal(0.0, 0.1), &device);
         for dtype in [DType::BF16, DType::F16, DType::F32] {
             let dy = dy.clone().cast(dtype);
-            let ours = float(<Flex as ModelBackend>::linear_input_grad(
+            let ours = float(<Flex as Kernels>::linear_input_grad(
                 prim(dy.clone()),
                 prim(w.clone()),
                 features,
             ));
-            let generic = float(burn_models::sliced_linear::input_grad_sliced::<Flex>(
+            let generic = float(oomlab_engine::sliced_linear::input_grad_sliced::<Flex>(
                 prim(dy),
                 prim(w.clone()),
                 features,
@@ -214,7 +213,7 @@ fn half_linear_input_grad_equals_the_generic_path() {
     }
 }
 
-/// The dense conv's weight gradient over a batch split in groups of images (flex/dense.rs:
+/// The dense conv's weight gradient over a batch split in groups of images (flex-kernels/src/dense.rs:
 /// 8 partial sums side by side, added in order) equals Flex's within rounding of the sums'
 /// order, and does not depend on the number of threads, bit for bit.
 #[test]
@@ -228,7 +227,7 @@ fn dense_conv_weight_gradient_over_image_groups() {
     let w = Tensor::<Flex, 4>::random([16, 3, 3, 3], Distribution::Normal(0.0, 0.3), &device);
     let dz = Tensor::<Flex, 4>::random([11, 16, 8, 8], Distribution::Normal(0.0, 1.0), &device);
     let ours = || {
-        float(<Flex as ModelBackend>::float_conv2d_weight_backward(
+        float(<Flex as Kernels>::float_conv2d_weight_backward(
             prim(x.clone()),
             prim(w.clone()),
             prim(dz.clone()),
@@ -284,7 +283,7 @@ fn direct_depthwise_and_pointwise_convs_equal_flexs() {
         ("depthwise 5×5 s3 pad 1", 8, 8, 5, 3, 1, 1, 8, 11),
         ("depthwise 2×2 s1 no pad", 8, 8, 2, 1, 0, 1, 8, 5),
         ("pointwise", 16, 24, 1, 1, 0, 1, 1, 5),
-        // 320 · 256 weights: more than one band of the weight (flex/conv.rs, WEIGHT_BAND).
+        // 320 · 256 weights: more than one band of the weight (flex-kernels/src/conv.rs, WEIGHT_BAND).
         ("pointwise banded", 320, 256, 1, 1, 0, 1, 1, 3),
         ("dilated depthwise", 8, 8, 3, 1, 2, 2, 8, 9),
         // Dense convs (im2col + gemm; the input gradient is Flex's): MobileNet's stem, and
@@ -324,14 +323,14 @@ fn direct_depthwise_and_pointwise_convs_equal_flexs() {
             // The project's three conv hooks on `x` and `dz`, with weight `w`.
             let hooks_on = |x: &Tensor<Flex, 4>, w: Tensor<Flex, 4>, dz: &Tensor<Flex, 4>| {
                 [
-                    <Flex as ModelBackend>::float_conv2d(prim(x.clone()), prim(w.clone()), o()),
-                    <Flex as ModelBackend>::float_conv2d_x_backward(
+                    <Flex as Kernels>::float_conv2d(prim(x.clone()), prim(w.clone()), o()),
+                    <Flex as Kernels>::float_conv2d_x_backward(
                         prim(x.clone()),
                         prim(w.clone()),
                         prim(dz.clone()),
                         o(),
                     ),
-                    <Flex as ModelBackend>::float_conv2d_weight_backward(
+                    <Flex as Kernels>::float_conv2d_weight_backward(
                         prim(x.clone()),
                         prim(w),
                         prim(dz.clone()),
@@ -369,10 +368,7 @@ fn direct_depthwise_and_pointwise_convs_equal_flexs() {
             // The f32 master weight instead of its cast (the fused ops' cast, as they make it):
             // the same results, bit for bit, and the weight gradient in f32 (the cast of the
             // half one).
-            let cast = float(<Flex as ModelBackend>::float_convert(
-                prim(w32.clone()),
-                dtype,
-            ));
+            let cast = float(<Flex as Kernels>::float_convert(prim(w32.clone()), dtype));
             let pairs = hooks(cast).into_iter().zip(hooks(w32.clone()));
             for (part, (cast, master)) in ["output", "dx", "dw"].iter().zip(pairs) {
                 let (cast, master) = (float(cast), float(master));
@@ -451,7 +447,7 @@ fn batch_norm_statistics_hold_far_from_zero() {
     let values: Vec<f32> = z.clone().into_data().to_vec().expect("f32 values");
     let gamma = Tensor::<Flex, 1>::ones([c], &device);
     let beta = Tensor::<Flex, 1>::zeros([c], &device);
-    let [_, mean, var, _] = <Flex as ModelBackend>::bn_relu_forward(
+    let [_, mean, var, _] = <Flex as Kernels>::bn_relu_forward(
         z.into_primitive().tensor(),
         prim(gamma),
         prim(beta),
@@ -483,7 +479,7 @@ fn batch_norm_statistics_hold_far_from_zero() {
     }
 }
 
-/// `<Flex as ModelBackend>::float_add_matmul` hands gemm only what its checked wrapper can
+/// `<Flex as Kernels>::float_add_matmul` hands gemm only what its checked wrapper can
 /// vouch for: a flipped view (negative strides), a transposed one and a sum of another shape
 /// give Flex's own matmul and add, and operands whose inner sizes disagree panic (in Flex's
 /// matmul) instead of reading past a buffer.
@@ -494,7 +490,7 @@ fn add_matmul_takes_only_operands_it_can_check() {
     let float = |t: Tensor<Flex, 2>| t.into_primitive().tensor();
     let ours = |sum: Option<Tensor<Flex, 2>>, lhs: Tensor<Flex, 2>, rhs: Tensor<Flex, 2>| {
         Tensor::<Flex, 2>::from_primitive(TensorPrimitive::Float(
-            <Flex as ModelBackend>::float_add_matmul(sum.map(float), float(lhs), float(rhs)),
+            <Flex as Kernels>::float_add_matmul(sum.map(float), float(lhs), float(rhs)),
         ))
     };
     let close = |a: Tensor<Flex, 2>, b: Tensor<Flex, 2>| {

@@ -7,7 +7,9 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::{DType, Tensor, TensorData};
-use burn_models::{layers, MobileNetConfig, Precision, SimpleModelConfig};
+use burn_models::{layers, MobileNetConfig, Precision, RunContext, SimpleModelConfig};
+
+use crate::cx;
 
 type B = Autodiff<Flex>;
 
@@ -117,9 +119,9 @@ fn batch_norm(channels: usize) -> BatchNorm<B> {
 
 /// Conv → BN → ReLU, fused and composed, for a dense 3×3, a depthwise stride-2 3×3 and a
 /// pointwise 1×1: output, running statistics and every gradient (x, w, γ, β). The CPU runs
-/// the fused block's convs directly (`flex/dense.rs`, `flex/depthwise.rs`, `flex/conv.rs`;
+/// the fused block's convs directly (`flex-kernels/src/dense.rs`, `flex-kernels/src/depthwise.rs`, `flex-kernels/src/conv.rs`;
 /// the composed layers call Flex's conv), and batch norm in f32 → ReLU forward, and backward
-/// for half activations (`flex/bn_relu.rs`), whose sums go in another order: equal to the
+/// for half activations (`flex-kernels/src/bn_relu.rs`), whose sums go in another order: equal to the
 /// compute dtype's rounding.
 #[test]
 fn conv_bn_relu_equals_the_composed_layers() {
@@ -152,9 +154,10 @@ fn conv_bn_relu_equals_the_composed_layers() {
                 let bn = batch_norm(c_out);
                 let x = p.compute(x.clone()).detach().require_grad();
                 let y = if fused {
-                    layers::conv_bn_relu(&p, &conv, &bn, x.clone())
+                    layers::conv_bn_relu(&cx(&p), &conv, &bn, x.clone())
                 } else {
-                    let z = layers::batch_norm(&p, &bn, layers::conv2d(&p, &conv, x.clone()));
+                    let z =
+                        layers::batch_norm(&cx(&p), &bn, layers::conv2d(&cx(&p), &conv, x.clone()));
                     layers::relu(z)
                 };
                 let grads = (y.clone().cast(DType::F32) * weighting.clone())
@@ -230,9 +233,9 @@ fn pool_block(
 ) {
     let x = p.compute(x.clone()).detach().require_grad();
     let y = if fused {
-        layers::conv_relu_pool(p, conv, x.clone(), 2)
+        layers::conv_relu_pool(&cx(p), conv, x.clone(), 2)
     } else {
-        layers::max_pool2d(layers::relu(layers::conv2d(p, conv, x.clone())), 2)
+        layers::max_pool2d(layers::relu(layers::conv2d(&cx(p), conv, x.clone())), 2)
     };
     let grads = (y.clone().cast(DType::F32) * weighting.clone())
         .sum()
@@ -354,9 +357,9 @@ fn first_block_gradients_off_the_pooled_gradient_equal_the_composed_layers() {
             let weighting = random([6, 32, side, side], 43);
             let run = |p: &Precision, fused: bool| {
                 let y = match fused {
-                    true => layers::conv_relu_pool(p, &conv, p.compute(x.clone()), 2),
+                    true => layers::conv_relu_pool(&cx(p), &conv, p.compute(x.clone()), 2),
                     false => layers::max_pool2d(
-                        layers::relu(layers::conv2d(p, &conv, p.compute(x.clone()))),
+                        layers::relu(layers::conv2d(&cx(p), &conv, p.compute(x.clone()))),
                         2,
                     ),
                 };
@@ -407,7 +410,7 @@ fn fused_models_equal_the_composed_ones() {
         let simple = |p: &Precision, fuse: bool| {
             let m = SimpleModelConfig::new().with_fuse(fuse).init::<B>(&device);
             let m = same_weights(m, 1);
-            let y = m.forward(x.clone(), p);
+            let y = m.forward(x.clone(), &cx(p));
             let grads = y.clone().sum().backward();
             (y.inner(), grad_list(&m, &grads))
         };
@@ -446,7 +449,7 @@ fn fused_models_equal_the_composed_ones() {
                 .init::<B>(&device)
                 .expect("a valid config");
             let m = same_weights(m, 1);
-            let y = m.forward(images.clone(), &p);
+            let y = m.forward(images.clone(), &cx(&p));
             let grads = y.clone().sum().backward();
             let params = grad_list(&m, &grads);
             (y.inner(), params)
@@ -510,7 +513,7 @@ fn mobilenet_f32(x: &Tensor<B, 4>) -> (Tensor<Flex, 2>, Vec<Tensor<Flex, 1>>) {
         .init::<B>(&Default::default())
         .expect("a valid config");
     let m = same_weights(m, 1);
-    let y = m.forward(x.clone(), &Precision::F32);
+    let y = m.forward(x.clone(), &RunContext::default());
     let grads = y.clone().sum().backward();
     let params = grad_list(&m, &grads);
     (y.inner(), params)
@@ -558,8 +561,8 @@ fn sliced_linear_equals_the_composed_layer() {
         let run = |p: &Precision, fused: bool| {
             let x = p.compute(x.clone()).detach().require_grad();
             let y = match fused {
-                true => layers::linear_fused(p, &fc, x.clone()),
-                false => layers::linear(p, &fc, x.clone()),
+                true => layers::linear_fused(&cx(p), &fc, x.clone()),
+                false => layers::linear(&cx(p), &fc, x.clone()),
             };
             let grads = (y.clone().cast(DType::F32) * weighting.clone())
                 .sum()

@@ -1,4 +1,5 @@
-//! The models on the CPU backend: one test binary (each one links Burn).
+//! The models, and the engine's ops and CPU kernels under them, on the CPU backend: one test
+//! binary (each one links Burn).
 //!
 //! Table of contents:
 /// oomlab's batch-norm autodiff op against Burn's BatchNorm, in f32 and f16.
@@ -11,3 +12,10 @@ mod flex;
 mod fused;
 /// Parameter counts against the article, the paper and Keras; output shapes; bad configs.
 mod shapes;
+
+use burn_models::{Precision, RunContext};
+
+/// A fresh context (no listener, nothing lent) computing under `p`.
+fn cx(p: &Precision) -> RunContext {
+    RunContext::new(*p)
+}

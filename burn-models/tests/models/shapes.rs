@@ -3,7 +3,7 @@
 use burn::backend::Flex;
 use burn::module::Module;
 use burn::tensor::{Distribution, Tensor};
-use burn_models::{MobileNetConfig, MobileNetError, Precision, SimpleModelConfig};
+use burn_models::{MobileNetConfig, MobileNetError, RunContext, SimpleModelConfig};
 
 type B = Flex;
 
@@ -19,7 +19,7 @@ fn simple_model_forward_shape() {
     let device = Default::default();
     let model = SimpleModelConfig::new().init::<B>(&device);
     let x = Tensor::<B, 4>::random([5, 3, 32, 32], Distribution::Default, &device);
-    assert_eq!(model.forward(x, &Precision::F32).dims(), [5, 10]);
+    assert_eq!(model.forward(x, &RunContext::default()).dims(), [5, 10]);
 }
 
 /// Table 6 of Howard et al. (224×224, 1000 classes): millions of parameters per α.
@@ -53,14 +53,14 @@ fn mobilenet_forward_shapes() {
     let cifar = MobileNetConfig::cifar().with_width_multiplier(0.25);
     let model = cifar.init::<B>(&device).unwrap();
     let x = Tensor::<B, 4>::random([2, 3, 32, 32], Distribution::Default, &device);
-    assert_eq!(model.forward(x, &Precision::F32).dims(), [2, 10]);
+    assert_eq!(model.forward(x, &RunContext::default()).dims(), [2, 10]);
 
     let imagenet = MobileNetConfig::new()
         .with_width_multiplier(0.25)
         .with_num_classes(7);
     let model = imagenet.init::<B>(&device).unwrap();
     let x = Tensor::<B, 4>::random([1, 3, 96, 96], Distribution::Default, &device);
-    assert_eq!(model.forward(x, &Precision::F32).dims(), [1, 7]);
+    assert_eq!(model.forward(x, &RunContext::default()).dims(), [1, 7]);
 }
 
 #[test]

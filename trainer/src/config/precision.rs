@@ -1,7 +1,7 @@
 //! `[precision]`, validated: the mode, where batch norm computes, and the loss scaling.
 
 use burn::tensor::DType;
-use burn_models::Precision;
+use oomlab_engine::Precision;
 use serde::{Deserialize, Serialize};
 
 use super::{at_most, out_of_range, ConfigError};

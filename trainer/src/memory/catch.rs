@@ -36,6 +36,9 @@ impl MemoryProbe for Tracked<'_> {
     fn last_step(&self) -> Option<crate::memory::probe::Reading> {
         self.0.last_step()
     }
+    fn listener(&self) -> Option<oomlab_engine::Listener> {
+        self.0.listener()
+    }
 }
 
 /// The phase that follows the last boundary passed.

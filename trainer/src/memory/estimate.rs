@@ -185,7 +185,7 @@ impl Estimate {
 }
 
 /// Values per slice of the fused ops' batch slices.
-const SLICE_VALUES: u64 = burn_models::slices::SLICE_VALUES as u64;
+const SLICE_VALUES: u64 = oomlab_engine::slices::SLICE_VALUES as u64;
 
 /// Bytes per element of the layers' compute dtype and of the parameters.
 fn dtype_bytes(settings: &Settings) -> (u64, u64) {
@@ -471,7 +471,7 @@ fn backward_excess(
         }
         peak = peak.max(alive + in_flight);
         // The op's weight gradient stays in the graph's gradients until backward ends, unless
-        // it went into the window's sum at once (`burn_models::grad_sum`).
+        // it went into the window's sum at once (`oomlab_engine::Context::lend`).
         let fresh = if accumulating {
             0
         } else {

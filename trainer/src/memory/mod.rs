@@ -98,6 +98,11 @@ pub trait MemoryProbe {
     fn timeline(&self) -> Option<timeline::Timeline> {
         None
     }
+    /// What the run's [`RunContext`](oomlab_engine::RunContext) calls at every layer boundary, for
+    /// probes that sample there.
+    fn listener(&self) -> Option<oomlab_engine::Listener> {
+        None
+    }
 }
 
 /// Per-phase maxima, shared by the probes.

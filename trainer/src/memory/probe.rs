@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use burn_models::boundary::{self, Boundary, Pass};
+use oomlab_engine::{Boundary, Listener, Pass};
 
 use super::timeline::{Event, Timeline};
 use super::{MemoryProbe, MemoryReport, Phase, PhaseMax};
@@ -91,34 +91,31 @@ impl<M: Meter> Shared<M> {
     }
 }
 
-/// Samples a [`Meter`] at phase and layer boundaries. While it lives it is the process's
-/// boundary listener (one training per process: the trainer runs trials in child processes).
+/// Samples a [`Meter`] at phase and layer boundaries (the latter through the
+/// [`listener`](MemoryProbe::listener) it gives the run's context).
 pub struct Probe<M: Meter> {
     shared: Arc<Shared<M>>,
 }
 
 impl<M: Meter> Probe<M> {
-    /// A probe reading `meter`, listening to every layer boundary.
+    /// A probe reading `meter`.
     pub fn new(meter: M) -> Self {
         let shared = Arc::new(Shared {
             meter,
             figures: Mutex::default(),
         });
-        let listener = Arc::clone(&shared);
-        boundary::listen(Some(Arc::new(move |at: Boundary, pass: Pass| {
-            listener.sample(Event::crossing(at.0, pass));
-        })));
         Self { shared }
     }
 }
 
-impl<M: Meter> Drop for Probe<M> {
-    fn drop(&mut self) {
-        boundary::listen(None);
-    }
-}
-
 impl<M: Meter> MemoryProbe for Probe<M> {
+    fn listener(&self) -> Option<Listener> {
+        let shared = Arc::clone(&self.shared);
+        Some(Arc::new(move |at: Boundary, pass: Pass| {
+            shared.sample(Event::crossing(at.0, pass));
+        }))
+    }
+
     fn resident(&mut self) {
         self.shared.meter.settle();
         if let Some(r) = self.shared.meter.read() {

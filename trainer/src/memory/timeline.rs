@@ -1,5 +1,5 @@
 //! The memory timeline of one training window: a sample at every layer boundary of every
-//! forward and backward pass (via [`burn_models::boundary`]), after each micro-batch's forward
+//! forward and backward pass (via [`oomlab_engine::boundary`]), after each micro-batch's forward
 //! and backward, and after the optimizer step.
 //!
 //! A probe keeps the window whose largest sample is the largest of the run: the picture of
@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 
-use burn_models::boundary::Pass;
+use oomlab_engine::Pass;
 
 /// What a sample follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

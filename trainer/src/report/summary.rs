@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use burn::tensor::backend::AutodiffBackend;
-use burn_models::dtype_name;
+use oomlab_engine::dtype_name;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Selected;

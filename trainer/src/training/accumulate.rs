@@ -12,7 +12,7 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::TensorPrimitive;
-use burn_models::{grad_sum, ModelBackend, Precision};
+use oomlab_engine::{ModelBackend, RunContext};
 use serde::{Deserialize, Serialize};
 
 use crate::memory::{MemoryProbe, Phase};
@@ -82,7 +82,7 @@ pub fn window_gradients<B>(
     model: &Classifier<B>,
     window: &[usize],
     batch_size: usize,
-    policy: &Precision,
+    cx: &RunContext,
     loss_scale: f64,
     probe: &mut dyn MemoryProbe,
     kept: &mut KeptLosses<B>,
@@ -97,12 +97,12 @@ where
     for micro in window.chunks(batch_size) {
         let (images, labels) = load(micro);
         let loss_fn = CrossEntropyLossConfig::new().init(&images.device());
-        let logits = model.forward(images, policy);
+        let logits = model.forward(images, cx);
         let loss = loss_fn.forward(logits, labels);
         probe.sample(Phase::AfterForward);
         let share = micro.len() as f64 / total;
         // The ops add their fresh gradients into the lent sums during backward.
-        let lent = sum.map(|sum| Lent::new(model, sum));
+        let lent = sum.map(|sum| Lent::new(model, sum, cx));
         let grads = loss.clone().mul_scalar(share * loss_scale).backward();
         let mut fresh = GradientsParams::from_grads(grads, model);
         if let Some(lent) = lent {
@@ -119,29 +119,34 @@ where
     }
 }
 
-/// A window's summed gradients lent to the next backward pass ([`grad_sum`]): each op adds its
+/// A window's summed gradients lent to the next backward pass ([`RunContext::lend`]): each op adds its
 /// fresh parameter gradient into the sum as it makes it, instead of keeping it beside the sum
 /// until backward ends. What no op took is added after backward, as Burn's accumulator does;
 /// both make the same additions, so the sums are the same bits.
-struct Lent {
+struct Lent<'a> {
+    /// The run's context, which holds the sums.
+    cx: &'a RunContext,
     /// Autodiff keys of the sums lent.
     keys: Vec<u64>,
     /// Sums of parameters without a key (none under autodiff): kept here, added after.
     kept: GradientsParams,
 }
 
-impl Lent {
-    /// Lends every parameter's sum in `sum`.
+impl<'a> Lent<'a> {
+    /// Lends every parameter's sum in `sum` to `cx`.
     fn new<B: AutodiffBackend + ModelBackend, M: Module<B>>(
         model: &M,
         sum: GradientsParams,
+        cx: &'a RunContext,
     ) -> Self {
         let mut visitor = LendVisitor {
+            cx,
             sum,
             keys: Vec::new(),
         };
         model.visit(&mut visitor);
         Self {
+            cx,
             keys: visitor.keys,
             kept: visitor.sum,
         }
@@ -154,37 +159,41 @@ impl Lent {
         fresh: &mut GradientsParams,
     ) {
         model.visit(&mut ReclaimVisitor {
+            cx: self.cx,
             kept: &mut self.kept,
             fresh,
         });
     }
 }
 
-impl Drop for Lent {
+impl Drop for Lent<'_> {
     fn drop(&mut self) {
         // After `reclaim` nothing is left; after a panic in backward, the sums are dropped.
-        grad_sum::forget(&self.keys);
+        self.cx.forget(&self.keys);
     }
 }
 
-struct LendVisitor {
+struct LendVisitor<'a> {
+    cx: &'a RunContext,
     sum: GradientsParams,
     keys: Vec<u64>,
 }
 
-impl<B: AutodiffBackend + ModelBackend> ModuleVisitor<B> for LendVisitor {
+impl<B: AutodiffBackend + ModelBackend> ModuleVisitor<B> for LendVisitor<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let Some(key) = B::grad_sum_key(&param.val().into_primitive().tensor()) else {
             return;
         };
         if let Some(sum) = self.sum.remove::<B::InnerBackend, D>(param.id) {
-            grad_sum::lend::<B::InnerBackend>(key, sum.into_primitive().tensor());
+            self.cx
+                .lend::<B::InnerBackend>(key, sum.into_primitive().tensor());
             self.keys.push(key);
         }
     }
 }
 
 struct ReclaimVisitor<'a> {
+    cx: &'a RunContext,
     kept: &'a mut GradientsParams,
     fresh: &'a mut GradientsParams,
 }
@@ -192,7 +201,7 @@ struct ReclaimVisitor<'a> {
 impl<B: AutodiffBackend + ModelBackend> ModuleVisitor<B> for ReclaimVisitor<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let untaken = B::grad_sum_key(&param.val().into_primitive().tensor())
-            .and_then(grad_sum::reclaim::<B::InnerBackend>)
+            .and_then(|key| self.cx.reclaim::<B::InnerBackend>(key))
             .map(|sum| Tensor::<B::InnerBackend, D>::from_primitive(TensorPrimitive::Float(sum)));
         let Some(sum) = untaken.or_else(|| self.kept.remove::<B::InnerBackend, D>(param.id)) else {
             return; // an op added it in already (or the parameter has no gradient)

@@ -3,7 +3,7 @@
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
-use burn_models::{ModelBackend, Precision};
+use oomlab_engine::{ModelBackend, RunContext};
 
 use crate::data::{Batcher, ImageSet};
 use crate::model::Classifier;
@@ -26,7 +26,7 @@ pub fn evaluate<B: ModelBackend>(
     set: &ImageSet,
     batcher: &Batcher,
     batch_size: usize,
-    precision: &Precision,
+    cx: &RunContext,
     device: &B::Device,
     keep_losses: bool,
 ) -> EvalResult {
@@ -36,7 +36,7 @@ pub fn evaluate<B: ModelBackend>(
     let indices: Vec<usize> = (0..set.len()).collect();
     for chunk in indices.chunks(batch_size) {
         let (images, labels) = batcher.batch::<B>(set, chunk, device);
-        let logits = model.forward(images, precision);
+        let logits = model.forward(images, cx);
         let loss = loss_fn.forward(logits.clone(), labels.clone());
         kept.add(&loss);
         let loss: f64 = loss.into_scalar().elem();

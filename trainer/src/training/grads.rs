@@ -49,7 +49,7 @@ pub fn all_finite<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> bool {
             let t = param.val().inner();
             // The largest magnitude is inf/NaN exactly when some element is.
             self.0.push(
-                burn_models::cast(t, DType::F32)
+                oomlab_engine::cast(t, DType::F32)
                     .abs()
                     .flatten::<1>(0, D - 1)
                     .max(),

@@ -3,7 +3,7 @@
 //! ```text
 //! for i, (images, labels) in enumerate(loader):   for window in epoch's windows:
 //!     with autocast():                                for micro in window.chunks(batch):
-//!         loss = criterion(model(images), labels)         loss = ce(model.forward(x, &policy), y)
+//!         loss = criterion(model(images), labels)         loss = ce(model.forward(x, &cx), y)
 //!     scaler.scale(loss / k).backward()                   grads += (loss · share · scale)'
 //!     if (i + 1) % k == 0:                            unscale; skip on inf/NaN; clip
 //!         scaler.step(optimizer); scaler.update()     model = optim.step(lr(step), model, grads)
@@ -33,7 +33,7 @@ use std::time::Instant;
 use anyhow::Context;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use burn_models::ModelBackend;
+use oomlab_engine::{ModelBackend, RunContext};
 
 use crate::backend::Selected;
 use crate::config::{unsupported_dtype, PrecisionMode, Settings};
@@ -85,14 +85,15 @@ where
             return Err(unsupported_dtype(p.mode, &backend.name()).into());
         }
     }
-    B::seed(&device, t.seed);
-    let policy = p.policy();
+    // The run's own: its precision policy, the probe's boundary listener, the lent sums.
+    let cx = RunContext::new(p.policy());
+    cx.listen(probe.listener());
 
     let splits = data::load(&settings.data, settings.input_size)?;
     let batcher = Batcher::fit(&splits.train);
     // The data set and the batcher stay; what training adds is measured above them.
     probe.resident();
-    let model: Classifier<B> = Classifier::init(&settings.model, &device)?;
+    let model: Classifier<B> = Classifier::init(&settings.model, t.seed, &device)?;
     let windows = Windows {
         batch_size: t.batch_size,
         accum_steps: t.accum_steps,
@@ -145,8 +146,8 @@ where
         probe.sample(Phase::EvalStart);
         let result = match mistakes.eval_with_autograd {
             // The mistake: the autodiff model, which builds a graph for backward.
-            true => evaluate(model, eval, &batcher, b, &policy, &device, keep),
-            false => evaluate(&model.valid(), eval, &batcher, b, &policy, &device, keep),
+            true => evaluate(model, eval, &batcher, b, &cx, &device, keep),
+            false => evaluate(&model.valid(), eval, &batcher, b, &cx, &device, keep),
         };
         probe.sample(Phase::EvalEnd);
         result
@@ -171,7 +172,7 @@ where
             let load = |idx: &[usize]| batcher.batch::<B>(&splits.train, idx, &device);
             let scale = stepper.scaler.scale();
             let b = t.batch_size;
-            let w = window_gradients(&model, window, b, &policy, scale, probe, &mut kept, load);
+            let w = window_gradients(&model, window, b, &cx, scale, probe, &mut kept, load);
             let before = record.before_step(&model);
             let outcome;
             (model, outcome) = stepper.apply(model, w.grads);

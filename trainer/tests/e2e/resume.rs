@@ -336,7 +336,12 @@ fn a_checkpoint_after_an_epochs_last_window_resumes() {
         .map(|pair| pair[1].to_string())
         .collect();
     let settings = load_file_for(&root().join("configs/f32.toml"), &sets, Purpose::Train).unwrap();
-    let model = Classifier::<Autodiff<Flex>>::init(&settings.model, &Default::default()).unwrap();
+    let model = Classifier::<Autodiff<Flex>>::init(
+        &settings.model,
+        settings.train.seed,
+        &Default::default(),
+    )
+    .unwrap();
     let state = LoopState::of(
         &settings,
         Position {

@@ -37,7 +37,7 @@ fn four_micro_batches_of_8_equal_one_batch_of_32_then_one_adam_step() {
 }
 
 /// The training loop lends each window sum to the next backward pass, and the project's ops add
-/// their fresh gradients into it there (`burn_models::grad_sum`); what they do not take is added
+/// their fresh gradients into it there (`RunContext::lend`); what they do not take is added
 /// afterwards. Either way the additions are Burn's accumulator's: the sums are the same bits,
 /// composed or fused, in f32 and f16-mixed, with batch norm (MobileNet) and a short last
 /// micro-batch.

@@ -8,6 +8,7 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::DType;
 use burn_models::Precision;
+use oomlab_engine::RunContext;
 use trainer::config::{load_str, Settings};
 use trainer::data::{generate, Batcher, ImageSet};
 use trainer::memory::NullProbe;
@@ -27,11 +28,6 @@ pub fn settings(overrides: &[&str]) -> Settings {
 
 /// A small MobileNet (α = 0.25) or SimpleModel, seeded; `-fused` with `memory.fuse = blocks`.
 pub fn model(name: &str) -> Classifier<B> {
-    // The seed is global and tests run in parallel: hold a lock from seeding to the last draw.
-    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = INIT.lock().unwrap_or_else(|e| e.into_inner());
-    let device = Default::default();
-    <B as Backend>::seed(&device, 3);
     let mobilenet = ["model.name=mobilenet", "model.width_multiplier=0.25"];
     let fused = "memory.fuse=blocks";
     let s = match name {
@@ -40,7 +36,7 @@ pub fn model(name: &str) -> Classifier<B> {
         "simple-fused" => settings(&[fused]),
         _ => settings(&[]),
     };
-    Classifier::init(&s.model, &device).unwrap()
+    Classifier::init(&s.model, 3, &Default::default()).unwrap()
 }
 
 /// 64 synthetic images and a batcher fitted on them.
@@ -64,7 +60,7 @@ pub fn scaled_grads(
         model,
         window,
         batch,
-        policy,
+        &RunContext::new(*policy),
         scale,
         &mut NullProbe,
         &mut KeptLosses::new(false),
@@ -99,7 +95,7 @@ pub fn grads_and_loss(
         model,
         window,
         window.len(),
-        policy,
+        &RunContext::new(*policy),
         scale,
         &mut NullProbe,
         &mut KeptLosses::new(false),

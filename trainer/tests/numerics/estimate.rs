@@ -32,7 +32,7 @@ fn parameter_counts_match_the_built_models() {
     ];
     for sets in cases {
         let s = settings(sets);
-        let model: Classifier<B> = Classifier::init(&s.model, &Default::default()).unwrap();
+        let model: Classifier<B> = Classifier::init(&s.model, 0, &Default::default()).unwrap();
         let e = estimate(&s, Target::CpuHeap);
         assert_eq!(e.parameters as usize, model.trainable_params(), "{sets:?}");
     }

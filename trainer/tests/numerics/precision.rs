@@ -1,6 +1,7 @@
 //! f16-mixed and bf16-mixed against f32 on the same weights and batch; pure f16's lost updates.
 
 use burn::tensor::DType;
+use oomlab_engine::RunContext;
 use trainer::config::PrecisionMode;
 use trainer::model::cast_params;
 use trainer::training::step::Outcome;
@@ -94,9 +95,10 @@ fn activations_are_half_precision() {
         ] {
             for bn_f32 in [true, false] {
                 let policy = mode.policy(bn_f32);
-                let features = model.features(images.clone(), &policy);
+                let cx = RunContext::new(policy);
+                let features = model.features(images.clone(), &cx);
                 assert_eq!(features.dtype(), dtype, "{name} {}", mode.name());
-                let logits = model.forward(images.clone(), &policy);
+                let logits = model.forward(images.clone(), &cx);
                 assert_eq!(logits.dtype(), DType::F32, "the loss runs in f32");
             }
         }

@@ -1,5 +1,5 @@
 //! ReLU of a k×k max-pool (stride k, no padding) and each window's winner, in one pass over the
-//! conv output: the forward half of SimpleModel's [fused block](crate::conv_relu_pool) after
+//! conv output: the forward half of SimpleModel's fused block (the engine's `conv_relu_pool`) after
 //! its conv.
 //!
 //! Through Flex's ops this was a max-pool that writes each winner's flat index as an i64, a
@@ -17,7 +17,7 @@ use rayon::prelude::*;
 /// the output in `z`'s dtype, shaped `[n, c, h / k, w / k]` (a partial window at the edge is
 /// dropped, as without ceil mode), and the winners' places as u8. `None` for other dtypes, a
 /// `k` of 0 or whose k² places do not fit a byte, or a shape that is not 4-D.
-pub(crate) fn relu_max_pool(z: &FlexTensor, k: usize) -> Option<(FlexTensor, FlexTensor)> {
+pub fn relu_max_pool(z: &FlexTensor, k: usize) -> Option<(FlexTensor, FlexTensor)> {
     let dims = z.layout().shape().to_vec();
     if dims.len() != 4 || k == 0 || k * k > 256 {
         return None;

@@ -18,9 +18,9 @@
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{bf16, f16, Bytes, DType, Shape};
 
-use super::gemm_f32;
 use super::half_slices::Half;
 use super::values::{round_through, widen_into};
+use crate::gemm::gemm_into;
 
 /// Values of a widened operand or f32 product made per slice or block.
 const BLOCK_VALUES: usize = 1 << 16;
@@ -70,7 +70,7 @@ fn master(t: &FlexTensor, len: usize) -> Option<FlexTensor> {
 /// `x · half(weight) + half(bias)` in the half dtype of `x [n, in]`, for the f32 master
 /// `weight [in, out]` and `bias [out]`; `None` for other dtypes or shapes (the caller takes
 /// the generic path).
-pub(crate) fn linear_forward_half(
+pub fn linear_forward_half(
     x: &FlexTensor,
     weight: &FlexTensor,
     bias: &FlexTensor,
@@ -100,14 +100,12 @@ pub(crate) fn linear_forward_half(
         let len = rows.min(n - start);
         let (xs, product) = (&mut xs[..len * ins], &mut product[..len * outs]);
         widen_into(&x, start * ins, xs);
-        gemm_f32(
+        gemm_into(
             (len, outs, ins),
-            product,
+            (product, outs),
             false,
-            xs,
-            (ins, 1),
-            &w,
-            (outs, 1),
+            (xs, (ins, 1)),
+            (&w, (outs, 1)),
             true,
         );
         // Flex's half matmul rounds the product; the bias is then added in the half type.
@@ -122,7 +120,7 @@ pub(crate) fn linear_forward_half(
 
 /// `dy · half(weight)ᵀ` in the half dtype of `dy [n, out]` for the f32 master `weight
 /// [in, out]`; `None` for other dtypes or shapes (the caller multiplies through the backend).
-pub(crate) fn linear_input_grad_half(dy: &FlexTensor, weight: &FlexTensor) -> Option<FlexTensor> {
+pub fn linear_input_grad_half(dy: &FlexTensor, weight: &FlexTensor) -> Option<FlexTensor> {
     let (dd, wd) = (dy.layout().shape(), weight.layout().shape());
     let fits = half(dy.dtype()) && dd.len() == 2 && wd.len() == 2 && dd[1] == wd[1];
     if !fits {
@@ -158,14 +156,12 @@ pub(crate) fn linear_input_grad_half(dy: &FlexTensor, weight: &FlexTensor) -> Op
         round_through(rounded, dtype);
         // product [n, len] = dy [n, outs] (row stride outs) · rounded [outs, len] (row
         // stride len).
-        gemm_f32(
+        gemm_into(
             (n, len, outs),
-            product,
+            (product, len),
             false,
-            &dys,
-            (outs, 1),
-            rounded,
-            (len, 1),
+            (&dys, (outs, 1)),
+            (rounded, (len, 1)),
             false,
         );
         for (row, values) in product.chunks_exact(len).enumerate() {

@@ -1,4 +1,4 @@
-//! The forward pass of SimpleModel's [fused block](crate::conv_relu_pool) on the CPU: conv with
+//! The forward pass of SimpleModel's fused block (the engine's `conv_relu_pool`) on the CPU: conv with
 //! bias, then ReLU of a k×k max-pool with each window's winner, an image per rayon task.
 //!
 //! ```text
@@ -33,7 +33,7 @@ const TILE: usize = 512;
 /// ho, wo]` in that dtype and the winners' places (`row · k + col`) as u8. `None` for other
 /// dtypes, strides, dilations or groups, or shapes that do not match: the caller takes
 /// Flex's conv.
-pub(crate) fn conv_relu_pool_forward(
+pub fn conv_relu_pool_forward(
     x: &FlexTensor,
     weight: &FlexTensor,
     bias: &FlexTensor,
@@ -295,7 +295,7 @@ impl Round {
 /// row-major: Flex's im2col gemm call, on one thread, through the checked wrapper.
 fn gemm_tile([m, n, k]: [usize; 3], lhs: &[f32], rhs: &[f32], dst: &mut [f32], dst_rs: usize) {
     // rhs is read as [k, n]: row stride 1, column stride k.
-    super::gemm_into(
+    crate::gemm::gemm_into(
         (m, n, k),
         (dst, dst_rs),
         false,

@@ -34,9 +34,9 @@ const SPAN: usize = 64;
 /// `[relu(BN(z)), μ, σ², 1/√(σ² + ε)]` for a `[n, c, h, w]` `z` (f32, f16 or bf16) with f32
 /// `gamma` and `beta`, batch norm computed in f32: the output in `z`'s dtype, channels last,
 /// the statistics `[c]` in f32 (σ² biased, as training-mode batch norm normalises with it).
-/// The output is `(z − μ)·(r·γ) + β` evaluated as [`forward_row`] re-evaluates it for the
+/// The output is `(z − μ)·(r·γ) + β` evaluated as `forward_row` re-evaluates it for the
 /// ReLU's mask. `None` for anything else: the caller takes the composed path.
-pub(crate) fn bn_relu_forward(
+pub fn bn_relu_forward(
     z: &FlexTensor,
     gamma: &FlexTensor,
     beta: &FlexTensor,
@@ -82,7 +82,7 @@ pub(crate) fn bn_relu_forward(
 /// normalised) and `dout` (the ReLU output's gradient, same dtype), with f32 `gamma`, `beta`
 /// and the saved f32 per-channel `mean` and `rstd`; `dz` channels last. `None` for anything
 /// else (other dtypes or shapes): the caller takes the composed path.
-pub(crate) fn bn_relu_backward(
+pub fn bn_relu_backward(
     z: &FlexTensor,
     dout: &FlexTensor,
     [gamma, beta, mean, rstd]: [&FlexTensor; 4],

@@ -6,9 +6,9 @@
 //! so the f32 policy adds no work. Which *training* precisions exist, and how parameters are
 //! stored, is the trainer's business: models only apply the policy.
 
-use crate::backend::ModelBackend;
-use burn::tensor::ops::FloatTensor;
-use burn::tensor::{backend::Backend, DType, Tensor, TensorMetadata};
+use burn::tensor::{backend::Backend, DType, Tensor};
+
+use crate::cast::cast;
 
 /// Where each layer family computes. Passed to every model's `forward`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,28 +58,6 @@ impl Precision {
 impl Default for Precision {
     fn default() -> Self {
         Self::F32
-    }
-}
-
-/// Casts `x` to `dtype`, doing nothing when it already has that dtype.
-pub fn cast<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
-    if x.dtype() == dtype {
-        x
-    } else {
-        x.cast(dtype)
-    }
-}
-
-/// A primitive in `dtype` (the identity when it already has it). The fused ops take the f32
-/// master weights and cast them here, inside the op, so autodiff keeps no half copy of them:
-/// backward casts them again.
-/// Through [`ModelBackend::float_convert`]: the CPU backend converts directly, without the
-/// f64 copy of every value its own cast makes.
-pub(crate) fn cast_prim<B: ModelBackend>(t: FloatTensor<B>, dtype: DType) -> FloatTensor<B> {
-    if t.dtype() == dtype {
-        t
-    } else {
-        B::float_convert(t, dtype)
     }
 }
 

@@ -167,7 +167,7 @@ fn unpad(
 }
 
 /// Depthwise conv forward (no bias), channels last.
-pub(crate) fn depthwise_conv(
+pub fn depthwise_conv(
     x: &FlexTensor,
     weight: &FlexTensor,
     o: &ConvOptions<2>,
@@ -193,7 +193,7 @@ pub(crate) fn depthwise_conv(
 /// Only the input's shape and dtype are read: `x` is dropped before `dx` is made (so its
 /// values can go first when this holds the last reference), or handed back in `Err` when the
 /// conv is not one this runs.
-pub(crate) fn depthwise_x_backward(
+pub fn depthwise_x_backward(
     x: FlexTensor,
     weight: &FlexTensor,
     dz: &FlexTensor,
@@ -220,7 +220,7 @@ pub(crate) fn depthwise_x_backward(
 
 /// Depthwise conv weight gradient, summed over the batch in f32 (each image's sum added in
 /// image order, so the bits do not depend on the thread count), in the dtype of `x`.
-pub(crate) fn depthwise_weight_backward(
+pub fn depthwise_weight_backward(
     x: &FlexTensor,
     weight: &FlexTensor,
     dz: &FlexTensor,

@@ -26,12 +26,12 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{ConvOptions, FloatTensor};
 use burn::tensor::DType;
 
-use crate::backend::ModelBackend;
 use crate::batch_norm::{BatchNormOutput, SavedStats};
-use crate::grad_sum::register_param;
+use crate::context::RunContext;
+use crate::kernels::Kernels;
 
 /// The composed block, for backends without an autodiff graph.
-pub(crate) fn conv_bn_relu_plain<B: ModelBackend>(
+pub(crate) fn conv_bn_relu_plain<B: Kernels>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     gamma: FloatTensor<B>,
@@ -57,14 +57,14 @@ struct Saved<B: Backend> {
 #[derive(Debug)]
 struct ConvBnReluBackward;
 
-impl<B: ModelBackend> Backward<B, 4> for ConvBnReluBackward {
+impl<B: Kernels> Backward<B, 4> for ConvBnReluBackward {
     /// The checkpointed x, w, γ, β, then the rest.
-    type State = ([NodeId; 4], Saved<B>);
+    type State = ([NodeId; 4], Saved<B>, RunContext);
 
     fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, ckpt: &mut Checkpointer) {
         let [node_x, node_w, node_gamma, node_beta] = ops.parents;
         let dout = grads.consume::<B>(&ops.node);
-        let ([x_id, w_id, gamma_id, beta_id], saved) = ops.state;
+        let ([x_id, w_id, gamma_id, beta_id], saved, cx) = ops.state;
         let x = ckpt.retrieve_node_output::<FloatTensor<B>>(x_id);
         let w = ckpt.retrieve_node_output::<FloatTensor<B>>(w_id);
         let gamma = ckpt.retrieve_node_output::<FloatTensor<B>>(gamma_id);
@@ -87,7 +87,7 @@ impl<B: ModelBackend> Backward<B, 4> for ConvBnReluBackward {
                 dz.clone(),
                 saved.options.clone(),
             );
-            register_param::<B>(grads, node.id, dw);
+            cx.register_param::<B>(grads, node.id, dw);
         }
         if let Some(node) = node_x {
             let dx = B::float_conv2d_x_backward(x, w, dz, saved.options);
@@ -95,7 +95,7 @@ impl<B: ModelBackend> Backward<B, 4> for ConvBnReluBackward {
         }
         for (node, g) in [(node_gamma, dgamma), (node_beta, dbeta)] {
             if let Some(node) = node {
-                register_param::<B>(grads, node.id, g);
+                cx.register_param::<B>(grads, node.id, g);
             }
         }
     }
@@ -103,7 +103,8 @@ impl<B: ModelBackend> Backward<B, 4> for ConvBnReluBackward {
 
 /// The block as one autodiff op. Returns the ReLU output and the batch statistics (for the
 /// running averages), as [`batch_norm::batch_norm_autodiff`] does for batch norm alone.
-pub(crate) fn conv_bn_relu_autodiff<B: ModelBackend, C: CheckpointStrategy>(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn conv_bn_relu_autodiff<B: Kernels, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     weight: FloatTensor<Autodiff<B, C>>,
     gamma: FloatTensor<Autodiff<B, C>>,
@@ -111,6 +112,7 @@ pub(crate) fn conv_bn_relu_autodiff<B: ModelBackend, C: CheckpointStrategy>(
     options: ConvOptions<2>,
     work: DType,
     epsilon: f64,
+    cx: &RunContext,
 ) -> BatchNormOutput<Autodiff<B, C>> {
     // The master weight: the backend casts it (or rounds it as it reads it).
     let z = B::float_conv2d(
@@ -149,7 +151,7 @@ pub(crate) fn conv_bn_relu_autodiff<B: ModelBackend, C: CheckpointStrategy>(
     {
         OpsKind::Tracked(mut prep) => {
             let ids = [&x, &weight, &gamma, &beta].map(|t| prep.checkpoint(t));
-            prep.finish((ids, saved), output)
+            prep.finish((ids, saved, cx.clone()), output)
         }
         OpsKind::UnTracked(prep) => prep.finish(output),
     };

@@ -20,17 +20,11 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor};
 
-use crate::backend::ModelBackend;
-use crate::grad_sum::register_param;
-use crate::precision::cast_prim;
-
-/// `x` in `dtype` through [`ModelBackend::float_convert`]: batch norm kept in f32 widens a
-/// whole half activation, and the CPU backend's own cast would stage it in f64 first.
-fn cast<B: ModelBackend, const D: usize>(x: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
-    float(cast_prim::<B>(prim(x), dtype))
-}
+use crate::cast::{convert as cast, float, prim};
+use crate::context::RunContext;
+use crate::kernels::Kernels;
 
 /// What a training-mode batch norm returns: the output, in the input's dtype, and the batch
 /// statistics, `[channels]` in the working dtype, for the running averages.
@@ -44,7 +38,7 @@ pub struct BatchNormOutput<B: Backend> {
 }
 
 /// The composed batch norm, for backends without an autodiff graph to save into.
-pub(crate) fn batch_norm_plain<B: ModelBackend>(
+pub(crate) fn batch_norm_plain<B: Kernels>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     beta: FloatTensor<B>,
@@ -67,16 +61,6 @@ pub(crate) struct Forward<B: Backend> {
     pub(crate) rstd: FloatTensor<B>,
 }
 
-/// A float primitive as a tensor.
-pub(crate) fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(t))
-}
-
-/// A float tensor's primitive.
-pub(crate) fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
-    t.into_primitive().tensor()
-}
-
 /// Mean over batch, height and width, one axis at a time: the partial sums stay small, so a
 /// half-precision working dtype does not overflow on large batches.
 fn channel_mean<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
@@ -84,7 +68,7 @@ fn channel_mean<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
 }
 
 /// `[channels]` → `[batch, channels, 1, 1]`, cast to `dtype`.
-fn per_channel<B: ModelBackend>(v: FloatTensor<B>, dtype: DType, batch: usize) -> Tensor<B, 4> {
+fn per_channel<B: Kernels>(v: FloatTensor<B>, dtype: DType, batch: usize) -> Tensor<B, 4> {
     let v: Tensor<B, 1> = cast(float(v), dtype);
     let c = v.dims()[0];
     rows(v.reshape([1, c, 1, 1]), batch)
@@ -104,7 +88,7 @@ fn flat<B: Backend>(v: Tensor<B, 4>) -> FloatTensor<B> {
     prim(v.reshape([c]))
 }
 
-pub(crate) fn forward<B: ModelBackend>(
+pub(crate) fn forward<B: Kernels>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     beta: FloatTensor<B>,
@@ -129,8 +113,8 @@ pub(crate) fn forward<B: ModelBackend>(
 }
 
 /// [`forward`] followed by a ReLU, as `[output, mean, var, rstd]`: the composed form of
-/// [`ModelBackend::bn_relu_forward`].
-pub(crate) fn forward_relu<B: ModelBackend>(
+/// [`Kernels::bn_relu_forward`].
+pub(crate) fn forward_relu<B: Kernels>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     beta: FloatTensor<B>,
@@ -143,7 +127,7 @@ pub(crate) fn forward_relu<B: ModelBackend>(
 
 /// `centered · (r·γ) + β`, the last step of the forward pass. One function, so a fused op
 /// that recomputes the output in backward (to rebuild a ReLU's mask) gets the very same bits.
-fn scale_shift<B: ModelBackend>(
+fn scale_shift<B: Kernels>(
     centered: Tensor<B, 4>,
     rstd_rows: Tensor<B, 4>,
     gamma: FloatTensor<B>,
@@ -157,7 +141,7 @@ fn scale_shift<B: ModelBackend>(
 
 /// The forward output again, in `x`'s dtype, from the saved input and statistics: what
 /// [`forward`] returned, bit for bit.
-pub(crate) fn recompute<B: ModelBackend>(
+pub(crate) fn recompute<B: Kernels>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     beta: FloatTensor<B>,
@@ -171,7 +155,7 @@ pub(crate) fn recompute<B: ModelBackend>(
 }
 
 /// Gradients of x, γ and β from the saved input and statistics.
-pub(crate) fn backward<B: ModelBackend>(
+pub(crate) fn backward<B: Kernels>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     state: &SavedStats<B>,
@@ -201,7 +185,7 @@ pub(crate) fn backward<B: ModelBackend>(
 /// `z`, its statistics (`[mean, rstd]` in `work`) and the ReLU output's gradient `dout`: the
 /// ReLU's mask is rebuilt from the recomputed output, then [`backward`] runs on the masked
 /// gradient.
-pub(crate) fn relu_backward<B: ModelBackend>(
+pub(crate) fn relu_backward<B: Kernels>(
     z: FloatTensor<B>,
     gamma: FloatTensor<B>,
     beta: FloatTensor<B>,
@@ -226,13 +210,13 @@ pub(crate) struct SavedStats<B: Backend> {
 #[derive(Debug)]
 struct BatchNormBackward;
 
-impl<B: ModelBackend> Backward<B, 3> for BatchNormBackward {
-    type State = (NodeId, NodeId, SavedStats<B>);
+impl<B: Kernels> Backward<B, 3> for BatchNormBackward {
+    type State = (NodeId, NodeId, SavedStats<B>, RunContext);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, ckpt: &mut Checkpointer) {
         let [node_x, node_gamma, node_beta] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let (x_id, gamma_id, stats) = ops.state;
+        let (x_id, gamma_id, stats, cx) = ops.state;
         let x = ckpt.retrieve_node_output::<FloatTensor<B>>(x_id);
         let gamma = ckpt.retrieve_node_output::<FloatTensor<B>>(gamma_id);
         let [dx, dgamma, dbeta] = backward::<B>(x, gamma, &stats, grad);
@@ -241,19 +225,20 @@ impl<B: ModelBackend> Backward<B, 3> for BatchNormBackward {
         }
         for (node, g) in [(node_gamma, dgamma), (node_beta, dbeta)] {
             if let Some(node) = node {
-                register_param::<B>(grads, node.id, g);
+                cx.register_param::<B>(grads, node.id, g);
             }
         }
     }
 }
 
 /// Batch norm as one autodiff op: the graph keeps `x`, `gamma` and the per-channel statistics.
-pub(crate) fn batch_norm_autodiff<B: ModelBackend, C: CheckpointStrategy>(
+pub(crate) fn batch_norm_autodiff<B: Kernels, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     gamma: FloatTensor<Autodiff<B, C>>,
     beta: FloatTensor<Autodiff<B, C>>,
     work: DType,
     epsilon: f64,
+    cx: &RunContext,
 ) -> BatchNormOutput<Autodiff<B, C>> {
     let f = forward::<B>(
         x.primitive.clone(),
@@ -277,7 +262,7 @@ pub(crate) fn batch_norm_autodiff<B: ModelBackend, C: CheckpointStrategy>(
         OpsKind::Tracked(mut prep) => {
             let x_id = prep.checkpoint(&x);
             let gamma_id = prep.checkpoint(&gamma);
-            prep.finish((x_id, gamma_id, stats), f.output)
+            prep.finish((x_id, gamma_id, stats, cx.clone()), f.output)
         }
         OpsKind::UnTracked(prep) => prep.finish(f.output),
     };

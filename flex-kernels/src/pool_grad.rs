@@ -27,7 +27,7 @@ use super::values::{supported, widen_into};
 /// their windows (`row · k + col`, u8). `None` for what this does not cover (a stride or
 /// dilation other than 1, groups, other dtypes, shapes that do not match): the caller takes
 /// the backend's ops.
-pub(crate) fn conv_relu_pool_param_grads(
+pub fn conv_relu_pool_param_grads(
     x: &FlexTensor,
     out: &FlexTensor,
     dout: &FlexTensor,

@@ -23,8 +23,8 @@ use burn::tensor::ops::ConvOptions;
 
 use super::channels_last::{channels_last, relabel};
 use super::conv::{rounds_to, summed_in_groups, weight_grad, weight_values, GROUPS};
-use super::gemm_f32;
 use super::values::{build, supported, values_in};
+use crate::gemm::gemm_into;
 
 /// A task's patch matrix is at most this many f32 values (16 MiB): larger images take Flex's
 /// conv.
@@ -141,11 +141,7 @@ fn scratch(g: Dense) -> [Vec<f32>; 2] {
 }
 
 /// Dense conv forward (no bias), channels last: an image's patch matrix times `Wᵀ` per task.
-pub(crate) fn dense_conv(
-    x: &FlexTensor,
-    weight: &FlexTensor,
-    o: &ConvOptions<2>,
-) -> Option<FlexTensor> {
+pub fn dense_conv(x: &FlexTensor, weight: &FlexTensor, o: &ConvOptions<2>) -> Option<FlexTensor> {
     let g = Dense::of(x, weight, o)?;
     let (x, weight, cols) = (channels_last(x), weight.to_contiguous(), g.cols());
     let w = weight_values(&weight, x.dtype(), 0, g.cout * cols);
@@ -160,7 +156,14 @@ pub(crate) fn dense_conv(
             g.lay_out(values_in(&x, i * image, image, wide), patch);
             // Wᵀ [cin·taps, cout]: element (col, co) at co · cols + col.
             let dims = (g.places(), g.cout, cols);
-            gemm_f32(dims, out, false, patch, (cols, 1), &w, (1, cols), false);
+            gemm_into(
+                dims,
+                (out, dims.1),
+                false,
+                (patch, (cols, 1)),
+                (&w, (1, cols)),
+                false,
+            );
         },
     );
     Some(relabel(out, dims))
@@ -170,7 +173,7 @@ pub(crate) fn dense_conv(
 /// fixed runs of images side by side, added in order; a large one image by image over gemm's
 /// threads: either way the bits do not depend on the thread count), in the dtype of `x`, then
 /// the weight's.
-pub(crate) fn dense_weight_backward(
+pub fn dense_weight_backward(
     x: &FlexTensor,
     weight: &FlexTensor,
     dz: &FlexTensor,
@@ -187,14 +190,12 @@ pub(crate) fn dense_weight_backward(
             g.lay_out(values_in(&x, i * image, image, &mut wide), &mut patch);
             let dzi = values_in(&dz, i * grad, grad, &mut wide_dz);
             let dims = (g.cout, cols, g.places());
-            gemm_f32(
+            gemm_into(
                 dims,
-                dw,
+                (dw, dims.1),
                 true,
-                dzi,
-                (1, g.cout),
-                &patch,
-                (cols, 1),
+                (dzi, (1, g.cout)),
+                (&patch, (cols, 1)),
                 parallel,
             );
         }

@@ -7,9 +7,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Element, Int, Numeric, Tensor};
 
-use crate::backend::ModelBackend;
-use crate::batch_norm::{float, prim};
-use crate::precision::cast_prim;
+use crate::cast::{cast_prim, float, prim};
+use crate::kernels::Kernels;
 
 /// Values per slice: about 2¹⁶ (256 KiB in f32) of the largest tensor an op makes per slice
 /// (one SimpleModel image's conv output).
@@ -47,7 +46,7 @@ pub(crate) fn int_rows<B: Backend>(
 
 /// `a + b` in f32, where `a` may not exist yet: half-precision slices are summed without
 /// rounding to half at every slice.
-pub(crate) fn accumulate<B: ModelBackend>(
+pub(crate) fn accumulate<B: Kernels>(
     a: Option<FloatTensor<B>>,
     b: FloatTensor<B>,
 ) -> FloatTensor<B> {
@@ -61,7 +60,7 @@ pub(crate) fn accumulate<B: ModelBackend>(
 /// A parameter's gradient summed over slices in f32, as the composed layers would give it:
 /// rounded to the `compute` dtype first (so a half-precision gradient that overflows is inf,
 /// and the loss scaler skips the step as it would), then in the parameter's dtype `param`.
-pub(crate) fn parameter_grad<B: ModelBackend>(
+pub(crate) fn parameter_grad<B: Kernels>(
     sum: FloatTensor<B>,
     compute: DType,
     param: DType,
@@ -71,9 +70,9 @@ pub(crate) fn parameter_grad<B: ModelBackend>(
 
 /// Writes slice `part` (images `start..`) into `whole`, made at the first slice with the
 /// batch's `n` images and the slice's other dimensions and dtype, through
-/// [`ModelBackend::float_write_rows`] (in place where the backend can), so that the whole
+/// [`Kernels::float_write_rows`] (in place where the backend can), so that the whole
 /// exists once, not beside a list of its slices.
-pub(crate) fn assign<B: ModelBackend, const D: usize>(
+pub(crate) fn assign<B: Kernels, const D: usize>(
     whole: Option<Tensor<B, D>>,
     n: usize,
     start: usize,
@@ -87,7 +86,7 @@ pub(crate) fn assign<B: ModelBackend, const D: usize>(
 }
 
 /// [`assign`] for int tensors.
-pub(crate) fn assign_int<B: ModelBackend, const D: usize>(
+pub(crate) fn assign_int<B: Kernels, const D: usize>(
     whole: Option<Tensor<B, D, Int>>,
     n: usize,
     start: usize,

@@ -1,10 +1,10 @@
 //! Layer boundaries: an identity autodiff op between blocks that reports when the forward pass
 //! crosses it and, later, when the backward pass crosses it again.
 //!
-//! Memory probes listen to these events to sample the device at every layer boundary of both
-//! passes: backward's peak (activations still saved, gradients already alive) lies between two
-//! of them, where no phase-level sample sees it. With no listener, a boundary is not even put
-//! in the graph.
+//! Memory probes listen to these events (through the run's [`RunContext`]) to sample the device at
+//! every layer boundary of both passes: backward's peak (activations still saved, gradients
+//! already alive) lies between two of them, where no phase-level sample sees it. With no
+//! listener, a boundary is not even put in the graph.
 //!
 //! ```text
 //! forward   x ──► [stem] ─► ● ─► [block1] ─► ● ─► …      ● = notify(layer, Forward)
@@ -12,8 +12,6 @@
 //! ```
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::retro_forward::RetroForward;
@@ -26,7 +24,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-use crate::backend::ModelBackend;
+use crate::context::RunContext;
+use crate::model_backend::ModelBackend;
 
 /// The end of a named layer (or block) of a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,41 +40,16 @@ pub enum Pass {
     Backward,
 }
 
-/// Called at every boundary crossing, on the thread running the pass.
-pub type Listener = Arc<dyn Fn(Boundary, Pass) + Send + Sync>;
-
-static LISTENING: AtomicBool = AtomicBool::new(false);
-static LISTENER: RwLock<Option<Listener>> = RwLock::new(None);
-
-/// Installs `listener` for every model in the process (`None` removes it).
-pub fn listen(listener: Option<Listener>) {
-    let on = listener.is_some();
-    // A panic elsewhere while holding the lock leaves a usable value: take it back.
-    *LISTENER.write().unwrap_or_else(|e| e.into_inner()) = listener;
-    LISTENING.store(on, Ordering::Release);
-}
-
-/// Whether a listener is installed.
-pub fn listening() -> bool {
-    LISTENING.load(Ordering::Acquire)
-}
-
-pub(crate) fn notify(at: Boundary, pass: Pass) {
-    if !listening() {
-        return;
-    }
-    let listener = LISTENER.read().unwrap_or_else(|e| e.into_inner()).clone();
-    if let Some(listener) = listener {
-        listener(at, pass);
-    }
-}
-
-/// Marks the end of layer `at` in `x`'s graph: `x` unchanged.
-pub fn mark<B: ModelBackend, const D: usize>(x: Tensor<B, D>, at: Boundary) -> Tensor<B, D> {
-    if !listening() {
+/// Marks the end of layer `at` in `x`'s graph for `cx`'s listener: `x` unchanged.
+pub fn mark<B: ModelBackend, const D: usize>(
+    x: Tensor<B, D>,
+    at: Boundary,
+    cx: &RunContext,
+) -> Tensor<B, D> {
+    if !cx.listening() {
         return x;
     }
-    let x = B::boundary(x.into_primitive().tensor(), at);
+    let x = B::boundary(x.into_primitive().tensor(), at, cx);
     Tensor::from_primitive(TensorPrimitive::Float(x))
 }
 
@@ -83,8 +57,9 @@ pub fn mark<B: ModelBackend, const D: usize>(x: Tensor<B, D>, at: Boundary) -> T
 pub(crate) fn boundary_autodiff<B: Backend, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     at: Boundary,
+    cx: &RunContext,
 ) -> FloatTensor<Autodiff<B, C>> {
-    notify(at, Pass::Forward);
+    cx.notify(at, Pass::Forward);
     let retro = RetroIdentity::<B> {
         input: x.node.id,
         backend: PhantomData,
@@ -98,7 +73,7 @@ pub(crate) fn boundary_autodiff<B: Backend, C: CheckpointStrategy>(
         .parents([&x])
         .stateful()
     {
-        OpsKind::Tracked(prep) => prep.finish(at, x.primitive),
+        OpsKind::Tracked(prep) => prep.finish((at, cx.clone()), x.primitive),
         OpsKind::UnTracked(prep) => prep.finish(x.primitive),
     }
 }
@@ -107,12 +82,13 @@ pub(crate) fn boundary_autodiff<B: Backend, C: CheckpointStrategy>(
 struct BoundaryBackward;
 
 impl<B: Backend> Backward<B, 1> for BoundaryBackward {
-    type State = Boundary;
+    type State = (Boundary, RunContext);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [parent] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        notify(ops.state, Pass::Backward);
+        let (at, cx) = ops.state;
+        cx.notify(at, Pass::Backward);
         if let Some(node) = parent {
             grads.register::<B>(node.id, grad);
         }

@@ -53,7 +53,7 @@ fn is_channels_first(t: &FlexTensor) -> bool {
 }
 
 /// `t` (4-D) channels last: itself (a shared reference to its buffer), or a transposed copy.
-pub(crate) fn channels_last(t: &FlexTensor) -> FlexTensor {
+pub fn channels_last(t: &FlexTensor) -> FlexTensor {
     let Some(dims @ [n, c, h, w]) = dims4(t).filter(|_| !is_channels_last(t)) else {
         return t.clone();
     };
@@ -68,7 +68,7 @@ pub(crate) fn channels_last(t: &FlexTensor) -> FlexTensor {
 
 /// `t` `[n, c, h, w]` in order, for Flex's ops, which copy any other layout value by value: a
 /// transposed copy of a channels-last tensor, else `t` itself.
-pub(crate) fn channels_first(t: FlexTensor) -> FlexTensor {
+pub fn channels_first(t: FlexTensor) -> FlexTensor {
     match dims4(&t).filter(|_| is_channels_last(&t)) {
         Some([n, c, h, w]) => transposed(&t, (n, h * w, c)).unwrap_or_else(|| t.to_contiguous()),
         None => t,

@@ -14,9 +14,9 @@
 //! positive gets no gradient either way), so pooling first is the same function and the same
 //! gradient as the composed ReLU → max-pool, with a quarter of the ReLU's work.
 //!
-//! On the CPU, forward is one kernel for the whole batch (`flex/conv_pool.rs`: conv, bias, pool
+//! On the CPU, forward is one kernel for the whole batch (flex-kernels' `conv_pool.rs`: conv, bias, pool
 //! and winners an image per thread) and, for the first layer, backward reads the weight and
-//! bias gradients off the pooled gradient (`flex/pool_grad.rs`); other backends run the
+//! bias gradients off the pooled gradient (flex-kernels' `pool_grad.rs`); other backends run the
 //! backend's ops a slice of images at a time.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -28,14 +28,13 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, FloatTensor, IntTensor, MaxPool2dWithIndices};
 use burn::tensor::{Int, IntDType, Tensor, TensorMetadata};
 
-use crate::backend::ModelBackend;
-use crate::batch_norm::{float, prim};
-use crate::grad_sum::register_param;
-use crate::precision::cast_prim;
+use crate::cast::{cast_prim, float, prim};
+use crate::context::RunContext;
+use crate::kernels::Kernels;
 use crate::slices::{accumulate, assign, assign_int, int_rows, parameter_grad, rows, slices};
 
 /// The composed block, for backends without an autodiff graph.
-pub(crate) fn conv_relu_pool_plain<B: ModelBackend>(
+pub(crate) fn conv_relu_pool_plain<B: Kernels>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     bias: FloatTensor<B>,
@@ -122,13 +121,13 @@ struct Saved<B: Backend> {
 #[derive(Debug)]
 struct ConvReluPoolBackward;
 
-impl<B: ModelBackend> Backward<B, 3> for ConvReluPoolBackward {
-    type State = ([NodeId; 3], Saved<B>);
+impl<B: Kernels> Backward<B, 3> for ConvReluPoolBackward {
+    type State = ([NodeId; 3], Saved<B>, RunContext);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, ckpt: &mut Checkpointer) {
         let [node_x, node_w, node_b] = ops.parents;
         let dout = grads.consume::<B>(&ops.node);
-        let ([x_id, w_id, b_id], saved) = ops.state;
+        let ([x_id, w_id, b_id], saved, cx) = ops.state;
         let x = ckpt.retrieve_node_output::<FloatTensor<B>>(x_id);
         let w = ckpt.retrieve_node_output::<FloatTensor<B>>(w_id);
         let b = ckpt.retrieve_node_output::<FloatTensor<B>>(b_id);
@@ -136,67 +135,73 @@ impl<B: ModelBackend> Backward<B, 3> for ConvReluPoolBackward {
         // runs on them cast again to the input's dtype, as forward did.
         let like = (w.dtype(), b.dtype());
         let (w, b) = (cast_prim::<B>(w, x.dtype()), cast_prim::<B>(b, x.dtype()));
-
-        let (k, opts) = (saved.k, saved.options);
-        if node_x.is_none() {
-            // The first layer: the backend may read dw and db straight off the pooled gradient.
-            let kernel = w.shape().dims();
-            let fast = B::conv_relu_pool_param_grads(
-                &x,
-                &saved.out,
-                &dout,
-                &saved.positions,
-                kernel,
-                &opts,
-                k,
-            );
-            if let Some([dw, db]) = fast {
-                for (node, g, dtype) in [(node_w, dw, like.0), (node_b, db, like.1)] {
-                    if let Some(node) = node {
-                        let g = parameter_grad::<B>(g, x.dtype(), dtype);
-                        register_param::<B>(grads, node.id, g);
-                    }
-                }
-                return;
-            }
-        }
-        let [n, c, ho, wo] = dout.shape().dims();
-        let (mut dw, mut db, mut dx) = (None, None, None);
-        // Slice by slice: the conv output's gradient exists for one slice at a time.
-        for (start, len) in slices(n, c * ho * wo * k * k) {
-            let g = B::relu_backward(
-                rows::<B, 4>(&saved.out, start, len),
-                rows::<B, 4>(&dout, start, len),
-            );
-            let positions = int_rows::<B>(&saved.positions, start, len).into_primitive();
-            let dz = prim(unpool::<B>(float(g), positions, k));
-            let xs = rows::<B, 4>(&x, start, len);
-            if node_x.is_some() {
-                let dxs = B::conv2d_x_backward(xs.clone(), w.clone(), dz.clone(), opts.clone());
-                dx = Some(assign(dx, n, start, float::<B, 4>(dxs)));
-            }
-            if node_b.is_some() {
-                let dbs = B::conv2d_bias_backward(xs.clone(), b.clone(), dz.clone());
-                db = Some(accumulate::<B>(db, dbs));
-            }
-            if node_w.is_some() {
-                let dws = B::conv2d_weight_backward(xs, w.clone(), dz, opts.clone());
-                dw = Some(accumulate::<B>(dw, dws));
-            }
-        }
+        let wanted = [node_x.is_some(), node_w.is_some(), node_b.is_some()];
+        let [dx, dw, db] = B::conv_relu_pool_backward(
+            &x,
+            &w,
+            &b,
+            &saved.out,
+            &dout,
+            &saved.positions,
+            &saved.options,
+            saved.k,
+            wanted,
+        );
         if let (Some(node), Some(dx)) = (node_x, dx) {
-            grads.register::<B>(node.id, prim(dx));
+            grads.register::<B>(node.id, dx);
         }
         for (node, g, dtype) in [(node_w, dw, like.0), (node_b, db, like.1)] {
             if let (Some(node), Some(g)) = (node, g) {
-                register_param::<B>(grads, node.id, parameter_grad::<B>(g, x.dtype(), dtype));
+                let g = parameter_grad::<B>(g, x.dtype(), dtype);
+                cx.register_param::<B>(grads, node.id, g);
             }
         }
     }
 }
 
-/// The forward pass slice by slice: the output, and the winners' window positions.
-fn forward_sliced<B: ModelBackend>(
+/// The default of [`Kernels::conv_relu_pool_backward`]: the conv output's gradient exists for
+/// one slice of images at a time; `dw` and `db` are summed over the slices in f32.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward_sliced<B: Kernels>(
+    x: &FloatTensor<B>,
+    w: &FloatTensor<B>,
+    b: &FloatTensor<B>,
+    out: &FloatTensor<B>,
+    dout: &FloatTensor<B>,
+    positions: &IntTensor<B>,
+    options: &ConvOptions<2>,
+    k: usize,
+    [want_x, want_w, want_b]: [bool; 3],
+) -> [Option<FloatTensor<B>>; 3] {
+    let [n, c, ho, wo] = dout.shape().dims();
+    let (mut dw, mut db, mut dx) = (None, None, None);
+    for (start, len) in slices(n, c * ho * wo * k * k) {
+        let g = B::relu_backward(
+            rows::<B, 4>(out, start, len),
+            rows::<B, 4>(dout, start, len),
+        );
+        let positions = int_rows::<B>(positions, start, len).into_primitive();
+        let dz = prim(unpool::<B>(float(g), positions, k));
+        let xs = rows::<B, 4>(x, start, len);
+        if want_x {
+            let dxs = B::conv2d_x_backward(xs.clone(), w.clone(), dz.clone(), options.clone());
+            dx = Some(assign(dx, n, start, float::<B, 4>(dxs)));
+        }
+        if want_b {
+            let dbs = B::conv2d_bias_backward(xs.clone(), b.clone(), dz.clone());
+            db = Some(accumulate::<B>(db, dbs));
+        }
+        if want_w {
+            let dws = B::conv2d_weight_backward(xs, w.clone(), dz, options.clone());
+            dw = Some(accumulate::<B>(dw, dws));
+        }
+    }
+    [dx.map(prim), dw, db]
+}
+
+/// The default of [`Kernels::conv_relu_pool_forward`], a slice of images at a time: the
+/// output, and the winners' window positions.
+pub(crate) fn forward_sliced<B: Kernels>(
     x: &FloatTensor<B>,
     weight: &FloatTensor<B>,
     bias: &FloatTensor<B>,
@@ -205,11 +210,6 @@ fn forward_sliced<B: ModelBackend>(
 ) -> (FloatTensor<B>, IntTensor<B>) {
     let [n, _, h, w] = x.shape().dims();
     let [c_out, _, _, _] = weight.shape().dims();
-    let weight = &cast_prim::<B>(weight.clone(), x.dtype());
-    let bias = &cast_prim::<B>(bias.clone(), x.dtype());
-    if let Some(whole) = B::conv_relu_pool_forward(x, weight, bias, options, k) {
-        return whole;
-    }
     // Each slice is written into one output allocated at the first slice: collecting the
     // slices and concatenating them would hold the pooled output twice at the end.
     let (mut all_out, mut all_pos) = (None, None);
@@ -235,12 +235,13 @@ fn forward_sliced<B: ModelBackend>(
 /// The block as one autodiff op. The conv output's height and width must be multiples of
 /// `k` (the layer falls back to the composed ops otherwise). With nothing to differentiate,
 /// the composed forward: no positions to keep.
-pub(crate) fn conv_relu_pool_autodiff<B: ModelBackend, C: CheckpointStrategy>(
+pub(crate) fn conv_relu_pool_autodiff<B: Kernels, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     weight: FloatTensor<Autodiff<B, C>>,
     bias: FloatTensor<Autodiff<B, C>>,
     options: ConvOptions<2>,
     k: usize,
+    cx: &RunContext,
 ) -> FloatTensor<Autodiff<B, C>> {
     let parents = [x.node.clone(), weight.node.clone(), bias.node.clone()];
     match ConvReluPoolBackward
@@ -249,13 +250,10 @@ pub(crate) fn conv_relu_pool_autodiff<B: ModelBackend, C: CheckpointStrategy>(
         .stateful()
     {
         OpsKind::Tracked(mut prep) => {
-            let (out, positions) = forward_sliced::<B>(
-                &x.primitive,
-                &weight.primitive,
-                &bias.primitive,
-                &options,
-                k,
-            );
+            let dtype = x.primitive.dtype();
+            let w = cast_prim::<B>(weight.primitive.clone(), dtype);
+            let b = cast_prim::<B>(bias.primitive.clone(), dtype);
+            let (out, positions) = B::conv_relu_pool_forward(&x.primitive, &w, &b, &options, k);
             let saved = Saved {
                 out: out.clone(),
                 positions,
@@ -263,7 +261,7 @@ pub(crate) fn conv_relu_pool_autodiff<B: ModelBackend, C: CheckpointStrategy>(
                 k,
             };
             let ids = [&x, &weight, &bias].map(|t| prep.checkpoint(t));
-            prep.finish((ids, saved), out)
+            prep.finish((ids, saved, cx.clone()), out)
         }
         OpsKind::UnTracked(prep) => prep.finish(conv_relu_pool_plain::<B>(
             x.primitive,

@@ -27,7 +27,7 @@ use super::half_slices::Half;
 use super::values::{
     build, round_through, stored, supported, task_rows, values, values_in, widen_into,
 };
-use super::{gemm_f32, gemm_new};
+use crate::gemm::{gemm_into, gemm_new};
 
 /// Whether a backward kernel takes `weight` for a conv computed in `dtype`: the weight in that
 /// dtype, or its f32 master copy, which forward rounded to `dtype` (the kernels round it as
@@ -254,14 +254,12 @@ impl Rows<'_> {
     ) {
         let (n, inner) = (dst.len() / width, self.inner);
         let lhs = values_in(self.a, i * self.per * inner, n * inner, wide);
-        gemm_f32(
+        gemm_into(
             (n, width, inner),
-            dst,
+            (dst, width),
             false,
-            lhs,
-            (inner, 1),
-            b,
-            *strides,
+            (lhs, (inner, 1)),
+            (b, *strides),
             false,
         );
     }
@@ -278,12 +276,12 @@ fn band(weight: &FlexTensor, dtype: DType, (inner, cols): (usize, usize)) -> usi
 
 /// A pointwise convolution — `weight [m, k, 1, 1]` over `x [n, k, h, w]`, stride 1, no
 /// padding, one group, no bias — on [channels-last](super::channels_last) activations: one
-/// product `out [n·h·w, m] = x [n·h·w, k] · Wᵀ` over the whole batch, [a few
-/// rows](task_rows) per rayon task. Half precision is widened a task's rows at a time and
+/// product `out [n·h·w, m] = x [n·h·w, k] · Wᵀ` over the whole batch, a few
+/// rows (`task_rows`) per rayon task. Half precision is widened a task's rows at a time and
 /// rounded once; the weight (in `x`'s dtype or its f32 master copy) is read in place when
 /// f32, else widened and rounded a band of output channels at a time. `None` for any other shape or dtype: the caller takes
 /// Flex's conv.
-pub(crate) fn pointwise_conv(
+pub fn pointwise_conv(
     x: &FlexTensor,
     weight: &FlexTensor,
     options: &ConvOptions<2>,
@@ -303,7 +301,7 @@ pub(crate) fn pointwise_conv(
 ///
 /// Like [`depthwise_x_backward`](super::depthwise_x_backward), reads only the input's shape
 /// and dtype, and drops `x` first.
-pub(crate) fn pointwise_x_backward(
+pub fn pointwise_x_backward(
     x: FlexTensor,
     weight: &FlexTensor,
     dz: &FlexTensor,
@@ -341,7 +339,7 @@ pub(crate) fn pointwise_x_backward(
 /// half precision a few rows at a time, widened). A small one has too few tiles to share:
 /// `GROUPS` fixed row ranges run side by side, each into its own sum, added in order (so the
 /// bits do not depend on the thread count).
-pub(crate) fn pointwise_weight_backward(
+pub fn pointwise_weight_backward(
     x: &FlexTensor,
     weight: &FlexTensor,
     dz: &FlexTensor,
@@ -356,7 +354,14 @@ pub(crate) fn pointwise_weight_backward(
             values_in(&x, r0 * k, len * k, wx),
             values_in(&dz, r0 * m, len * m, wd),
         );
-        gemm_f32((m, k, len), dw, true, grad, (1, m), input, (k, 1), parallel);
+        gemm_into(
+            (m, k, len),
+            (dw, k),
+            true,
+            (grad, (1, m)),
+            (input, (k, 1)),
+            parallel,
+        );
     };
     let per = match x.dtype() {
         DType::F32 => rows,

@@ -6,7 +6,7 @@
 //! and the CPU backend's matmul copies its output once more to realign it: the input gradient
 //! existed twice at the worst instant of backward. Here each slice's `dx` is written into one
 //! tensor allocated at the first slice, after the weight gradient, which is summed over the
-//! slices in f32 ([`ModelBackend::float_add_matmul`]: on the CPU, gemm adds each slice's
+//! slices in f32 ([`Kernels::float_add_matmul`]: on the CPU, gemm adds each slice's
 //! product into the one f32 sum, so no product, realigning copy or widened operand larger
 //! than a slice exists beside it).
 //!
@@ -24,10 +24,9 @@ use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, TensorMetadata};
 
-use crate::backend::ModelBackend;
-use crate::batch_norm::{float, prim};
-use crate::grad_sum::register_param;
-use crate::precision::cast_prim;
+use crate::cast::{cast_prim, float, prim};
+use crate::context::RunContext;
+use crate::kernels::Kernels;
 use crate::slices::{assign, parameter_grad, rows, slices};
 
 /// `x · W + b` with `W` and `b` cast to the dtype of `x`, a slice of rows at a time (the CPU
@@ -35,7 +34,7 @@ use crate::slices::{assign, parameter_grad, rows, slices};
 ///
 /// # Shapes
 /// `x [batch, in]`, `weight [in, out]`, `bias [out]` → `[batch, out]`
-pub(crate) fn linear_plain<B: ModelBackend>(
+pub(crate) fn linear_plain<B: Kernels>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     bias: FloatTensor<B>,
@@ -55,7 +54,7 @@ pub(crate) fn linear_plain<B: ModelBackend>(
 /// `dy · cast(W)ᵀ` (`dy [batch, out]`, the f32 master `W [in, out]`) in the dtype of `dy`, a
 /// slice of rows at a time: the weight as forward used it, cast again from the master copy,
 /// not kept.
-pub fn input_grad_sliced<B: ModelBackend>(
+pub fn input_grad_sliced<B: Kernels>(
     dout: FloatTensor<B>,
     weight: FloatTensor<B>,
     features: usize,
@@ -73,13 +72,13 @@ pub fn input_grad_sliced<B: ModelBackend>(
 #[derive(Debug)]
 struct LinearBackward;
 
-impl<B: ModelBackend> Backward<B, 3> for LinearBackward {
-    type State = [NodeId; 3];
+impl<B: Kernels> Backward<B, 3> for LinearBackward {
+    type State = ([NodeId; 3], RunContext);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, ckpt: &mut Checkpointer) {
         let [node_x, node_w, node_b] = ops.parents;
         let dout = grads.consume::<B>(&ops.node);
-        let [x_id, w_id, b_id] = ops.state;
+        let ([x_id, w_id, b_id], cx) = ops.state;
         let x = ckpt.retrieve_node_output::<FloatTensor<B>>(x_id);
         let w = ckpt.retrieve_node_output::<FloatTensor<B>>(w_id);
         let b = ckpt.retrieve_node_output::<FloatTensor<B>>(b_id);
@@ -96,7 +95,7 @@ impl<B: ModelBackend> Backward<B, 3> for LinearBackward {
                 dw = Some(B::float_add_matmul(dw, xt, dy));
             }
             let dw = dw.expect("a batch has at least one row, so one slice");
-            register_param::<B>(grads, node.id, parameter_grad::<B>(dw, x.dtype(), like_w));
+            cx.register_param::<B>(grads, node.id, parameter_grad::<B>(dw, x.dtype(), like_w));
         }
         if let Some(node) = node_x {
             let dx = B::linear_input_grad(dout.clone(), w, features);
@@ -107,18 +106,19 @@ impl<B: ModelBackend> Backward<B, 3> for LinearBackward {
             let compute = dout.dtype();
             let dy = float::<B, 2>(cast_prim::<B>(dout, DType::F32));
             let db = prim(dy.sum_dim(0).squeeze::<1>());
-            register_param::<B>(grads, node.id, parameter_grad::<B>(db, compute, like_b));
+            cx.register_param::<B>(grads, node.id, parameter_grad::<B>(db, compute, like_b));
         }
     }
 }
 
 /// The layer as one autodiff op (see the module's text).
-pub(crate) fn linear_autodiff<B: ModelBackend, C: CheckpointStrategy>(
+pub(crate) fn linear_autodiff<B: Kernels, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     weight: FloatTensor<Autodiff<B, C>>,
     bias: FloatTensor<Autodiff<B, C>>,
+    cx: &RunContext,
 ) -> FloatTensor<Autodiff<B, C>> {
-    let out = B::sliced_linear(
+    let out = B::linear_forward(
         x.primitive.clone(),
         weight.primitive.clone(),
         bias.primitive.clone(),
@@ -131,7 +131,7 @@ pub(crate) fn linear_autodiff<B: ModelBackend, C: CheckpointStrategy>(
     {
         OpsKind::Tracked(mut prep) => {
             let ids = [&x, &weight, &bias].map(|t| prep.checkpoint(t));
-            prep.finish(ids, out)
+            prep.finish((ids, cx.clone()), out)
         }
         OpsKind::UnTracked(prep) => prep.finish(out),
     }
