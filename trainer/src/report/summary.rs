@@ -209,7 +209,7 @@ impl Summary {
             ("act. checkpointing", self.checkpointing.clone()),
             ("fused blocks", self.fuse.clone()),
             ("mistakes (teaching)", self.mistakes.clone()),
-            ("memory probe", self.memory.memory_probe.clone()),
+            ("memory probe", self.memory.memory_probe.name().into()),
             ("peak in use", bytes(self.memory.peak_bytes)),
             ("training peak", self.training_peak()),
             ("analytic floor", self.floor()),

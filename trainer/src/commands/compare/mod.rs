@@ -20,6 +20,7 @@ use super::dry_run_ok;
 use crate::cli::CompareArgs;
 use crate::config::{self, BackendKind, ConfigError, Purpose, Settings};
 use crate::memory::estimate::{estimate, Estimate, Target, Terms};
+use crate::memory::ProbeKind;
 use crate::outputs::{self, folder};
 use crate::report::step_log::StepLog;
 use crate::report::summary::Summary;
@@ -55,8 +56,8 @@ pub struct Row {
     /// Reserved bytes right after the last optimizer step (after `free_cache`'s cleanup).
     #[serde(default)]
     pub reserved_after_step_bytes: Option<u64>,
-    /// `heap` (CPU), `cuda` or `wgpu`: what `peak_bytes` counts.
-    pub memory_probe: Option<String>,
+    /// What `peak_bytes` counts: the CPU heap, or CubeCL's usage on CUDA or wgpu.
+    pub memory_probe: Option<ProbeKind>,
     pub images_per_sec: Option<f64>,
     pub final_train_loss: Option<f64>,
     pub eval_accuracy: Option<f64>,

@@ -9,7 +9,7 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::Row;
-use crate::memory::human;
+use crate::memory::{human, ProbeKind};
 
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -42,7 +42,7 @@ fn columns(r: &Row) -> [(&'static str, String); 15] {
                     Some(after) => format!("{} ({} after step)", human(b), human(after)),
                     None => human(b),
                 },
-                (Some(p), None) if p == "heap" => "n/a (heap)".into(),
+                (Some(ProbeKind::Heap), None) => "n/a (heap)".into(),
                 _ => "—".into(),
             },
         ),
@@ -135,17 +135,17 @@ pub fn csv(rows: &[Row]) -> String {
          peak_bytes,training_peak_bytes,reserved_peak_bytes,reserved_after_step_bytes,memory_probe,images_per_sec,\
          final_train_loss,eval_accuracy,skipped_steps,error\n",
     );
-    let s = |v: &Option<String>| quote(v.as_deref().unwrap_or(""));
+    let s = |v: Option<&str>| quote(v.unwrap_or(""));
     let n = |v: Option<String>| v.unwrap_or_default();
     for r in rows {
         let cells = [
             quote(&r.config),
             quote(&r.name),
-            s(&r.model),
+            s(r.model.as_deref()),
             n(r.parameters.map(|v| v.to_string())),
-            s(&r.backend),
-            s(&r.precision),
-            s(&r.batch_norm),
+            s(r.backend.as_deref()),
+            s(r.precision.as_deref()),
+            s(r.batch_norm.as_deref()),
             n(r.batch_size.map(|v| v.to_string())),
             n(r.accum_steps.map(|v| v.to_string())),
             n(r.predicted_peak_bytes.map(|v| v.to_string())),
@@ -153,12 +153,12 @@ pub fn csv(rows: &[Row]) -> String {
             n(r.training_peak_bytes.map(|v| v.to_string())),
             n(r.reserved_peak_bytes.map(|v| v.to_string())),
             n(r.reserved_after_step_bytes.map(|v| v.to_string())),
-            s(&r.memory_probe),
+            s(r.memory_probe.map(ProbeKind::name)),
             n(r.images_per_sec.map(|v| format!("{v:.1}"))),
             n(r.final_train_loss.map(|v| format!("{v:.6}"))),
             n(r.eval_accuracy.map(|v| format!("{v:.6}"))),
             n(r.skipped_steps.map(|v| v.to_string())),
-            s(&r.error),
+            s(r.error.as_deref()),
         ];
         out.push_str(&cells.join(","));
         out.push('\n');
