@@ -20,6 +20,7 @@ use super::dry_run_ok;
 use crate::cli::CompareArgs;
 use crate::config::{self, BackendKind, ConfigError, Purpose, Settings};
 use crate::memory::estimate::{estimate, Estimate, Target, Terms};
+use crate::memory::timeline::WindowPhase;
 use crate::memory::ProbeKind;
 use crate::outputs::{self, folder};
 use crate::report::step_log::StepLog;
@@ -82,7 +83,7 @@ pub struct Row {
     /// Phase and bytes in use at each sample of the peak window (`memory_timeline.csv`), for
     /// `timeline.svg`.
     #[serde(skip)]
-    pub timeline: Vec<(String, u64)>,
+    pub timeline: Vec<(WindowPhase, u64)>,
     /// Why the run failed; absent when it finished.
     pub error: Option<String>,
 }
@@ -128,7 +129,7 @@ impl Row {
                 .skip(1)
                 .filter_map(|line| {
                     let f: Vec<&str> = line.split(',').collect();
-                    Some((f.get(1)?.to_string(), f.get(4)?.parse().ok()?))
+                    Some((WindowPhase::parse(f.get(1)?)?, f.get(4)?.parse().ok()?))
                 })
                 .collect();
         }
