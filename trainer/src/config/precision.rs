@@ -125,12 +125,42 @@ pub enum LossScaleSpec {
 }
 
 impl LossScaleSpec {
+    /// Which kind of scaling this is.
+    pub fn kind(&self) -> LossScaleKind {
+        match self {
+            Self::Off => LossScaleKind::Off,
+            Self::Fixed(_) => LossScaleKind::Fixed,
+            Self::Dynamic { .. } => LossScaleKind::Dynamic,
+        }
+    }
+
     /// `off`, `fixed` or `dynamic`, for reports.
     pub fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+}
+
+/// A [`LossScaleSpec`] without its numbers: what reports say the scaling was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LossScaleKind {
+    /// No scaling.
+    Off,
+    /// A constant scale.
+    Fixed,
+    /// GradScaler-style dynamic scaling.
+    Dynamic,
+}
+
+impl LossScaleKind {
+    /// Every kind.
+    pub const ALL: [Self; 3] = [Self::Off, Self::Fixed, Self::Dynamic];
+
+    /// `off`, `fixed` or `dynamic`, for reports.
+    pub fn name(self) -> &'static str {
         match self {
             Self::Off => "off",
-            Self::Fixed(_) => "fixed",
-            Self::Dynamic { .. } => "dynamic",
+            Self::Fixed => "fixed",
+            Self::Dynamic => "dynamic",
         }
     }
 }

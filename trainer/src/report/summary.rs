@@ -11,6 +11,7 @@ use crate::config::{AutotuneCache, Settings};
 use crate::memory::estimate::{estimate, Target};
 use crate::memory::{human, MemoryReport};
 use crate::model::Classifier;
+use crate::training::loss_scale::ScaleNow;
 use crate::training::record::{Record, Warmup};
 use crate::training::step::Stepper;
 
@@ -25,7 +26,7 @@ pub struct Summary {
     /// dtype batch norm computes in; absent for models without batch norm.
     pub batch_norm: Option<String>,
     /// `off`, or the scaling kind and the scale at the end of the run.
-    pub loss_scale: String,
+    pub loss_scale: ScaleNow,
     /// Optimizer steps skipped because a gradient overflowed.
     pub skipped_steps: usize,
     /// Pure f16 only: mean fraction of weights a step left unchanged (updates rounded away).
@@ -111,7 +112,7 @@ impl Summary {
             batch_norm: model
                 .has_batch_norm()
                 .then(|| dtype_name(settings.precision.policy().batch_norm).to_string()),
-            loss_scale: stepper.scaler.describe(),
+            loss_scale: stepper.scaler.now(),
             skipped_steps: stepper.skipped,
             updates_lost: record.updates_lost(),
             optimizer: t.optimizer.name().into(),
@@ -171,7 +172,7 @@ impl Summary {
                     .clone()
                     .unwrap_or_else(|| "none in model".into()),
             ),
-            ("loss scale", self.loss_scale.clone()),
+            ("loss scale", self.loss_scale.to_string()),
             ("skipped steps", self.skipped_steps.to_string()),
             (
                 "updates lost",
