@@ -17,14 +17,15 @@ use serde::Serialize;
 
 use super::child::{self, unique_dir};
 use super::dry_run_ok;
+use crate::backend::BackendUsed;
 use crate::cli::CompareArgs;
-use crate::config::{self, BackendKind, ConfigError, Purpose, Settings};
+use crate::config::{self, BackendKind, ConfigError, Mistakes, PrecisionMode, Purpose, Settings};
 use crate::memory::estimate::{estimate, Estimate, Target, Terms};
 use crate::memory::timeline::WindowPhase;
 use crate::memory::ProbeKind;
 use crate::outputs::{self, folder};
 use crate::report::step_log::StepLog;
-use crate::report::summary::Summary;
+use crate::report::summary::{mistakes_text, Summary};
 use crate::training::checkpoint;
 use crate::training::interrupt::{Interrupt, Stopped};
 
@@ -41,8 +42,8 @@ pub struct Row {
     pub model: Option<String>,
     /// Trainable parameters.
     pub parameters: Option<usize>,
-    pub backend: Option<String>,
-    pub precision: Option<String>,
+    pub backend: Option<BackendUsed>,
+    pub precision: Option<PrecisionMode>,
     /// Batch norm's dtype; absent for a model without batch norm.
     pub batch_norm: Option<String>,
     pub batch_size: Option<usize>,
@@ -63,9 +64,10 @@ pub struct Row {
     pub final_train_loss: Option<f64>,
     pub eval_accuracy: Option<f64>,
     pub skipped_steps: Option<usize>,
-    /// The `[mistakes]` switches the run made (`none` for most).
-    #[serde(default)]
-    pub mistakes: Option<String>,
+    /// The `[mistakes]` switches the run made (none for most), written as summary.json
+    /// writes them.
+    #[serde(serialize_with = "mistakes_text::serialize_option")]
+    pub mistakes: Option<Mistakes>,
     /// Peak bytes in use during evaluation, and what evaluating added above what was in use
     /// when it began (`[mistakes] eval_with_autograd` raises both).
     #[serde(default)]
@@ -154,7 +156,7 @@ impl Row {
             row.model = Some(s.model.name());
             row.parameters = Some(e.parameters as usize);
             row.predicted_peak_bytes = Some(e.predicted_peak());
-            row.precision = Some(s.precision.mode.name().into());
+            row.precision = Some(s.precision.mode);
             row.batch_size = Some(s.train.batch_size);
             row.accum_steps = Some(s.train.accum_steps);
         }

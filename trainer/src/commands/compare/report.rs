@@ -9,13 +9,14 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::Row;
+use crate::config::{Mistakes, PrecisionMode};
 use crate::memory::{human, ProbeKind};
 
 const MIB: f64 = (1u64 << 20) as f64;
 
 /// The columns of the table and the CSV, with each row's cell.
 fn columns(r: &Row) -> [(&'static str, String); 15] {
-    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "—".into());
+    let opt = |v: Option<&str>| v.unwrap_or("—").to_string();
     let bytes = |b: Option<u64>| b.map_or_else(|| "—".into(), human);
     let batch = match (r.batch_size, r.accum_steps) {
         (Some(b), Some(k)) => format!("{b} × {k}"),
@@ -23,13 +24,13 @@ fn columns(r: &Row) -> [(&'static str, String); 15] {
     };
     [
         ("config", r.name.clone()),
-        ("model", opt(&r.model)),
+        ("model", opt(r.model.as_deref())),
         (
             "params",
             r.parameters
                 .map_or("—".into(), |p| format!("{:.2} M", p as f64 / 1e6)),
         ),
-        ("precision", opt(&r.precision)),
+        ("precision", opt(r.precision.map(PrecisionMode::name))),
         ("BN", r.batch_norm.clone().unwrap_or_else(|| "—".into())),
         ("batch × accum", batch),
         ("predicted", bytes(r.predicted_peak_bytes)),
@@ -84,9 +85,7 @@ pub fn markdown(rows: &[Row]) -> String {
     let Some(first) = rows.first() else {
         return String::new();
     };
-    let eval = rows
-        .iter()
-        .any(|r| r.mistakes.as_deref().is_some_and(|m| m != "none"));
+    let eval = rows.iter().any(|r| r.mistakes.is_some_and(Mistakes::any));
     let table: Vec<Vec<(&str, String)>> = rows
         .iter()
         .map(|r| {
@@ -138,13 +137,14 @@ pub fn csv(rows: &[Row]) -> String {
     let s = |v: Option<&str>| quote(v.unwrap_or(""));
     let n = |v: Option<String>| v.unwrap_or_default();
     for r in rows {
+        let backend = r.backend.as_ref().map(ToString::to_string);
         let cells = [
             quote(&r.config),
             quote(&r.name),
             s(r.model.as_deref()),
             n(r.parameters.map(|v| v.to_string())),
-            s(r.backend.as_deref()),
-            s(r.precision.as_deref()),
+            s(backend.as_deref()),
+            s(r.precision.map(PrecisionMode::name)),
             s(r.batch_norm.as_deref()),
             n(r.batch_size.map(|v| v.to_string())),
             n(r.accum_steps.map(|v| v.to_string())),
