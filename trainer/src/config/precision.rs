@@ -288,21 +288,17 @@ pub(super) fn validate(p: &RawPrecision) -> Result<PrecisionSpec, ConfigError> {
 
 /// The error for a half type the chosen backend cannot compute in.
 pub fn unsupported_dtype(mode: PrecisionMode, backend: &str) -> ConfigError {
-    let dtype = match mode.half() {
-        Some(DType::BF16) => "bf16",
-        _ => "f16",
+    // Where bf16 is missing, f16 may still be there.
+    let (dtype, instead) = match mode.half() {
+        Some(DType::BF16) => ("bf16", " or \"f16-mixed\""),
+        _ => ("f16", ""),
     };
     ConfigError::Value {
         key: "precision.mode",
         value: format!("{:?}", mode.name()),
         allowed: format!(
             "the {backend} backend does not support {dtype} arithmetic on this device; \
-             use \"f32\"{}",
-            if dtype == "bf16" {
-                " or \"f16-mixed\""
-            } else {
-                ""
-            }
+             use \"f32\"{instead}"
         ),
     }
 }
