@@ -13,6 +13,8 @@ use burn::tensor::{DType, ElementConversion, Tensor};
 
 use std::path::PathBuf;
 
+use serde::{Deserialize, Serialize};
+
 use crate::config::{Autotune, AutotuneCache, BackendKind, Settings};
 use crate::panics::{self, Captured};
 
@@ -57,10 +59,18 @@ pub enum Selected {
 impl Selected {
     /// Name used in reports: `cpu`, `cuda:0`, `wgpu: llvmpipe (…), Vulkan`.
     pub fn name(&self) -> String {
+        self.used().to_string()
+    }
+
+    /// What reports say this backend is.
+    pub fn used(&self) -> BackendUsed {
         match self {
-            Self::Cpu => "cpu".into(),
-            Self::Cuda(d) => format!("cuda:{}", d.index),
-            Self::Wgpu(a) => format!("wgpu: {}, {}", a.name, a.api),
+            Self::Cpu => BackendUsed::Cpu,
+            Self::Cuda(d) => BackendUsed::Cuda { index: d.index },
+            Self::Wgpu(a) => BackendUsed::Wgpu {
+                adapter: a.name.clone(),
+                api: a.api.clone(),
+            },
         }
     }
 
@@ -80,6 +90,82 @@ impl Selected {
             Self::Cuda(d) => <Cuda as Backend>::supports_dtype(d, dtype),
             Self::Wgpu(a) => <Wgpu as Backend>::supports_dtype(&a.device, dtype),
         }
+    }
+}
+
+/// The backend a run used, as reports hold it: [`Selected`] without its device handles.
+/// summary.json and compare's report spell it `cpu`, `cuda:0` or `wgpu: llvmpipe (…), Vulkan`
+/// and read that text back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub enum BackendUsed {
+    /// Flex on the CPU.
+    Cpu,
+    /// A CUDA device.
+    Cuda {
+        /// Its index.
+        index: usize,
+    },
+    /// A wgpu adapter.
+    Wgpu {
+        /// The driver's name for it, e.g. `llvmpipe (LLVM 15.0.6, 256 bits)`.
+        adapter: String,
+        /// The graphics API: `Vulkan` or `Metal`.
+        api: String,
+    },
+}
+
+impl BackendUsed {
+    /// The `backend.kind` that selects this backend again.
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            Self::Cpu => BackendKind::Cpu,
+            Self::Cuda { .. } => BackendKind::Cuda,
+            Self::Wgpu { .. } => BackendKind::Wgpu,
+        }
+    }
+}
+
+impl std::fmt::Display for BackendUsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda { index } => write!(f, "cuda:{index}"),
+            Self::Wgpu { adapter, api } => write!(f, "wgpu: {adapter}, {api}"),
+        }
+    }
+}
+
+/// Text that is not a [`BackendUsed`]'s spelling.
+#[derive(Debug, thiserror::Error)]
+#[error("backend {0:?}: expected \"cpu\", \"cuda:<index>\" or \"wgpu: <adapter>, <api>\"")]
+pub struct BadBackend(String);
+
+impl TryFrom<String> for BackendUsed {
+    type Error = BadBackend;
+
+    fn try_from(text: String) -> Result<Self, BadBackend> {
+        let parsed = if text == "cpu" {
+            Some(Self::Cpu)
+        } else if let Some(index) = text.strip_prefix("cuda:") {
+            index.parse().ok().map(|index| Self::Cuda { index })
+        } else {
+            // The adapter's name may hold ", " itself (`llvmpipe (LLVM 15.0.6, 256 bits)`); the
+            // API's never does.
+            text.strip_prefix("wgpu: ")
+                .and_then(|rest| rest.rsplit_once(", "))
+                .map(|(adapter, api)| Self::Wgpu {
+                    adapter: adapter.into(),
+                    api: api.into(),
+                })
+        };
+        parsed.ok_or(BadBackend(text))
+    }
+}
+
+impl From<BackendUsed> for String {
+    fn from(used: BackendUsed) -> Self {
+        used.to_string()
     }
 }
 

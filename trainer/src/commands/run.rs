@@ -6,7 +6,7 @@ use crate::backend::{CpuBackend, CpuCheckpointed, CudaBackend, CudaCheckpointed}
 use crate::backend::{WgpuBackend, WgpuCheckpointed};
 use crate::cli::RunArgs;
 use crate::config::{unsupported_dtype, Checkpointing, Purpose};
-use crate::memory::catch::{self, Tracked};
+use crate::memory::catch;
 use crate::memory::cube::{self, device_memory};
 use crate::memory::diagnosis;
 use crate::memory::estimate::Target;
@@ -94,10 +94,10 @@ pub fn run(cli: RunArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()>
     };
     let balanced = settings.memory.checkpointing == Checkpointing::Balanced;
     let s = &settings;
-    let summary = catch::catch(s, target, || match &selected {
+    let summary = catch::catch(s, target, |last| match &selected {
         Selected::Cpu => {
             let (mut heap, device) = (HeapProbe::new(Heap), Default::default());
-            let probe = &mut Tracked(&mut heap);
+            let probe = &mut last.track(&mut heap);
             match balanced {
                 false => train::<CpuBackend>(s, device, &selected, options, probe),
                 true => train::<CpuCheckpointed>(s, device, &selected, options, probe),
@@ -105,7 +105,7 @@ pub fn run(cli: RunArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()>
         }
         Selected::Cuda(device) => {
             let mut cuda = cube::cuda(device.clone());
-            let (probe, device) = (&mut Tracked(&mut cuda), device.clone());
+            let (probe, device) = (&mut last.track(&mut cuda), device.clone());
             match balanced {
                 false => train::<CudaBackend>(s, device, &selected, options, probe),
                 true => train::<CudaCheckpointed>(s, device, &selected, options, probe),
@@ -113,7 +113,7 @@ pub fn run(cli: RunArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()>
         }
         Selected::Wgpu(adapter) => {
             let mut wgpu = cube::wgpu(adapter.device.clone());
-            let (probe, device) = (&mut Tracked(&mut wgpu), adapter.device.clone());
+            let (probe, device) = (&mut last.track(&mut wgpu), adapter.device.clone());
             match balanced {
                 false => train::<WgpuBackend>(s, device, &selected, options, probe),
                 true => train::<WgpuCheckpointed>(s, device, &selected, options, probe),

@@ -16,3 +16,32 @@ pub struct Mistakes {
     /// `total_loss += loss`. Training and evaluation both keep theirs until they end.
     pub keep_losses: bool,
 }
+
+impl Mistakes {
+    /// Each switch by its TOML name, with whether it is on.
+    pub fn switches(self) -> [(&'static str, bool); 2] {
+        [
+            ("eval_with_autograd", self.eval_with_autograd),
+            ("keep_losses", self.keep_losses),
+        ]
+    }
+
+    /// Whether any switch is on.
+    pub fn any(self) -> bool {
+        self.switches().iter().any(|(_, on)| *on)
+    }
+
+    /// The switches `names` names on, the others off; `None` when a name is no switch.
+    pub fn from_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<Self> {
+        let mut made = Self::default();
+        for name in names {
+            let switch = match name {
+                "eval_with_autograd" => &mut made.eval_with_autograd,
+                "keep_losses" => &mut made.keep_losses,
+                _ => return None,
+            };
+            *switch = true;
+        }
+        Some(made)
+    }
+}

@@ -22,7 +22,8 @@ pub use mistakes::Mistakes;
 pub use model::ModelName;
 pub use model::ModelSpec;
 pub use precision::{
-    unsupported_dtype, LossScaleSpec, PrecisionMode, PrecisionSpec, MAX_SCALE, MIN_SCALE,
+    unsupported_dtype, LossScaleKind, LossScaleSpec, PrecisionMode, PrecisionSpec, MAX_SCALE,
+    MIN_SCALE,
 };
 pub use train::TrainSpec;
 pub use train::{OptimizerName, ScheduleName, MAX_BATCH, MAX_EPOCHS, MAX_STEPS};

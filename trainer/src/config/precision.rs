@@ -125,12 +125,42 @@ pub enum LossScaleSpec {
 }
 
 impl LossScaleSpec {
+    /// Which kind of scaling this is.
+    pub fn kind(&self) -> LossScaleKind {
+        match self {
+            Self::Off => LossScaleKind::Off,
+            Self::Fixed(_) => LossScaleKind::Fixed,
+            Self::Dynamic { .. } => LossScaleKind::Dynamic,
+        }
+    }
+
     /// `off`, `fixed` or `dynamic`, for reports.
     pub fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+}
+
+/// A [`LossScaleSpec`] without its numbers: what reports say the scaling was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LossScaleKind {
+    /// No scaling.
+    Off,
+    /// A constant scale.
+    Fixed,
+    /// GradScaler-style dynamic scaling.
+    Dynamic,
+}
+
+impl LossScaleKind {
+    /// Every kind.
+    pub const ALL: [Self; 3] = [Self::Off, Self::Fixed, Self::Dynamic];
+
+    /// `off`, `fixed` or `dynamic`, for reports.
+    pub fn name(self) -> &'static str {
         match self {
             Self::Off => "off",
-            Self::Fixed(_) => "fixed",
-            Self::Dynamic { .. } => "dynamic",
+            Self::Fixed => "fixed",
+            Self::Dynamic => "dynamic",
         }
     }
 }
@@ -258,21 +288,17 @@ pub(super) fn validate(p: &RawPrecision) -> Result<PrecisionSpec, ConfigError> {
 
 /// The error for a half type the chosen backend cannot compute in.
 pub fn unsupported_dtype(mode: PrecisionMode, backend: &str) -> ConfigError {
-    let dtype = match mode.half() {
-        Some(DType::BF16) => "bf16",
-        _ => "f16",
+    // Where bf16 is missing, f16 may still be there.
+    let (dtype, instead) = match mode.half() {
+        Some(DType::BF16) => ("bf16", " or \"f16-mixed\""),
+        _ => ("f16", ""),
     };
     ConfigError::Value {
         key: "precision.mode",
         value: format!("{:?}", mode.name()),
         allowed: format!(
             "the {backend} backend does not support {dtype} arithmetic on this device; \
-             use \"f32\"{}",
-            if dtype == "bf16" {
-                " or \"f16-mixed\""
-            } else {
-                ""
-            }
+             use \"f32\"{instead}"
         ),
     }
 }

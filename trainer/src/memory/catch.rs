@@ -4,7 +4,7 @@
 //! failed, instead of a backtrace. Other panics go on as they were.
 
 use std::panic;
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::config::Settings;
 use crate::memory::diagnosis::diagnose;
@@ -13,42 +13,69 @@ use crate::memory::timeline::Timeline;
 use crate::memory::{MemoryProbe, MemoryReport, Phase};
 use crate::panics::{self, Captured};
 
-/// The last phase boundary a training step passed (0: none yet).
-static LAST_PHASE: AtomicU8 = AtomicU8::new(0);
+/// The last phase boundary one run's training passed: made by [`catch`] for the run it
+/// watches, so that two runs in one process each name their own failing phase. Clones share
+/// the cell.
+#[derive(Debug, Clone, Default)]
+pub struct LastPhase(Arc<Mutex<Option<Phase>>>);
 
-/// A probe that also remembers the last phase boundary, to name the failing phase.
-pub struct Tracked<'a>(pub &'a mut dyn MemoryProbe);
+impl LastPhase {
+    /// `probe`, remembering in this cell each phase boundary it samples.
+    pub fn track<'a>(&self, probe: &'a mut dyn MemoryProbe) -> Tracked<'a> {
+        Tracked {
+            probe,
+            last: self.clone(),
+        }
+    }
 
-impl MemoryProbe for Tracked<'_> {
-    fn sample(&mut self, phase: Phase) {
-        LAST_PHASE.store(phase as u8 + 1, Relaxed);
-        self.0.sample(phase);
+    /// The last boundary passed, or `None` before the first.
+    pub fn get(&self) -> Option<Phase> {
+        // Only a Copy value is ever stored under the lock: a poisoned one still holds it.
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
-    fn resident(&mut self) {
-        self.0.resident();
+
+    fn set(&self, phase: Phase) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(phase);
     }
-    fn report(&self) -> MemoryReport {
-        self.0.report()
-    }
-    fn timeline(&self) -> Option<Timeline> {
-        self.0.timeline()
-    }
-    fn last_step(&self) -> Option<crate::memory::probe::Reading> {
-        self.0.last_step()
-    }
-    fn listener(&self) -> Option<oomlab_engine::Listener> {
-        self.0.listener()
+
+    /// The phase that follows the last boundary passed.
+    fn failing(&self) -> &'static str {
+        match self.get() {
+            None => "while setting up (model, data)",
+            Some(Phase::AfterForward) => "in backward",
+            Some(Phase::AfterBackward) => "in the optimizer step or the next forward",
+            Some(Phase::EvalStart) => "in evaluation",
+            Some(Phase::WindowStart | Phase::AfterStep | Phase::EvalEnd) => "in forward",
+        }
     }
 }
 
-/// The phase that follows the last boundary passed.
-fn failing_phase() -> &'static str {
-    match LAST_PHASE.load(Relaxed) {
-        0 => "while setting up (model, data)",
-        x if x == Phase::AfterForward as u8 + 1 => "in backward",
-        x if x == Phase::AfterBackward as u8 + 1 => "in the optimizer step or the next forward",
-        x if x == Phase::EvalStart as u8 + 1 => "in evaluation",
-        _ => "in forward",
+/// A probe that also remembers the last phase boundary in its run's [`LastPhase`], to name the
+/// failing phase.
+pub struct Tracked<'a> {
+    probe: &'a mut dyn MemoryProbe,
+    last: LastPhase,
+}
+
+impl MemoryProbe for Tracked<'_> {
+    fn sample(&mut self, phase: Phase) {
+        self.last.set(phase);
+        self.probe.sample(phase);
+    }
+    fn resident(&mut self) {
+        self.probe.resident();
+    }
+    fn report(&self) -> MemoryReport {
+        self.probe.report()
+    }
+    fn timeline(&self) -> Option<Timeline> {
+        self.probe.timeline()
+    }
+    fn last_step(&self) -> Option<crate::memory::probe::Reading> {
+        self.probe.last_step()
+    }
+    fn listener(&self) -> Option<oomlab_engine::Listener> {
+        self.probe.listener()
     }
 }
 
@@ -60,15 +87,17 @@ pub fn is_oom(message: &str) -> bool {
         .any(|p| m.contains(p))
 }
 
-/// Runs `train`; an out-of-memory panic on any thread becomes an
-/// [`OutOfMemory`](crate::memory::diagnosis::OutOfMemory) diagnosis
-/// instead of a backtrace. Other panics go on as they were.
+/// Runs `train`, handing it the run's own [`LastPhase`] (its probe goes through
+/// [`LastPhase::track`]); an out-of-memory panic on any thread becomes an
+/// [`OutOfMemory`](crate::memory::diagnosis::OutOfMemory) diagnosis naming the phase that
+/// failed, instead of a backtrace. Other panics go on as they were.
 pub fn catch<T>(
     settings: &Settings,
     target: Target,
-    train: impl FnOnce() -> anyhow::Result<T>,
+    train: impl FnOnce(&LastPhase) -> anyhow::Result<T>,
 ) -> anyhow::Result<T> {
-    let Captured { result, first } = panics::capture(is_oom, true, train);
+    let last = LastPhase::default();
+    let Captured { result, first } = panics::capture(is_oom, true, || train(&last));
     match (result, first) {
         (Ok(Ok(v)), _) => Ok(v),
         (Ok(Err(e)), None) => Err(e),
@@ -81,7 +110,7 @@ pub fn catch<T>(
                 .filter(|l| !l.is_empty())
                 .collect::<Vec<_>>()
                 .join(" ");
-            Err(diagnose(settings, target, failing_phase(), cause).into())
+            Err(diagnose(settings, target, last.failing(), cause).into())
         }
         (Err(payload), None) => panic::resume_unwind(payload),
     }

@@ -16,11 +16,12 @@ use burn::cubecl::Runtime;
 use burn::tensor::backend::Backend;
 
 use super::probe::{Meter, Probe, Reading};
+use super::ProbeKind;
 
 /// A device of Burn backend `B`, whose CubeCL runtime is `R`, as a [`Meter`].
 pub struct Cube<B: Backend, R: Runtime> {
     device: B::Device,
-    name: &'static str,
+    kind: ProbeKind,
     device_used: fn(&B::Device) -> Option<u64>,
     runtime: PhantomData<fn() -> R>,
 }
@@ -30,8 +31,8 @@ where
     B: Backend,
     R: Runtime<Device = B::Device>,
 {
-    fn name(&self) -> &'static str {
-        self.name
+    fn kind(&self) -> ProbeKind {
+        self.kind
     }
 
     fn read(&self) -> Option<Reading> {
@@ -58,7 +59,7 @@ pub type WgpuProbe = Probe<Cube<Wgpu, WgpuRuntime>>;
 pub fn cuda(device: CudaDevice) -> CudaProbe {
     Probe::new(Cube {
         device,
-        name: "cuda",
+        kind: ProbeKind::Cuda,
         device_used: |d| device_memory(d.index).map(|(free, total)| total.saturating_sub(free)),
         runtime: PhantomData,
     })
@@ -68,7 +69,7 @@ pub fn cuda(device: CudaDevice) -> CudaProbe {
 pub fn wgpu(device: WgpuDevice) -> WgpuProbe {
     Probe::new(Cube {
         device,
-        name: "wgpu",
+        kind: ProbeKind::Wgpu,
         device_used: |_| None,
         runtime: PhantomData,
     })

@@ -7,6 +7,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::probe::{Meter, Probe, Reading};
+use super::ProbeKind;
 
 static LIVE: AtomicU64 = AtomicU64::new(0);
 static PEAK: AtomicU64 = AtomicU64::new(0);
@@ -77,8 +78,8 @@ pub fn installed() -> bool {
 pub struct Heap;
 
 impl Meter for Heap {
-    fn name(&self) -> &'static str {
-        "heap"
+    fn kind(&self) -> ProbeKind {
+        ProbeKind::Heap
     }
 
     fn read(&self) -> Option<Reading> {

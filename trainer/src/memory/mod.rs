@@ -39,11 +39,38 @@ pub enum Phase {
     EvalEnd,
 }
 
+/// What measured a run's memory: `memory_probe` in reports, spelt as serde writes it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProbeKind {
+    /// The CPU's counting allocator: exact peaks, nothing reserved.
+    Heap,
+    /// CubeCL's memory usage on a CUDA device.
+    Cuda,
+    /// CubeCL's memory usage on a wgpu adapter.
+    Wgpu,
+    /// Nothing was measured.
+    #[default]
+    None,
+}
+
+impl ProbeKind {
+    /// The spelling in reports: `heap`, `cuda`, `wgpu` or `none`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Heap => "heap",
+            Self::Cuda => "cuda",
+            Self::Wgpu => "wgpu",
+            Self::None => "none",
+        }
+    }
+}
+
 /// What a probe measured over a run, in bytes. `--summary-json` carries these keys.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MemoryReport {
-    /// `heap` (CPU counting allocator), `cuda` (CubeCL memory usage) or `none`.
-    pub memory_probe: String,
+    /// Which probe measured the figures below.
+    pub memory_probe: ProbeKind,
     /// Peak bytes in use during training steps: exact on the heap, the largest sample on
     /// CubeCL.
     pub peak_bytes: Option<u64>,
@@ -133,7 +160,7 @@ impl MemoryProbe for NullProbe {
     fn sample(&mut self, _: Phase) {}
     fn report(&self) -> MemoryReport {
         MemoryReport {
-            memory_probe: "none".into(),
+            memory_probe: ProbeKind::None,
             ..Default::default()
         }
     }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use oomlab_engine::{Boundary, Listener, Pass};
 
 use super::timeline::{Event, Timeline};
-use super::{MemoryProbe, MemoryReport, Phase, PhaseMax};
+use super::{MemoryProbe, MemoryReport, Phase, PhaseMax, ProbeKind};
 
 /// A reading: bytes in use and, where the allocator pools memory, bytes reserved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,8 +21,8 @@ pub struct Reading {
 
 /// Where a probe's readings come from.
 pub trait Meter: Send + Sync + 'static {
-    /// `memory_probe` in reports: `heap`, `cuda` or `wgpu`.
-    fn name(&self) -> &'static str;
+    /// `memory_probe` in reports: which probe this meter is.
+    fn kind(&self) -> ProbeKind;
     /// The state now; `None` when the device cannot say (the sample is skipped).
     fn read(&self) -> Option<Reading>;
     /// Makes the runtime's fixed workspace now, before the resident baseline is read, so that
@@ -180,7 +180,7 @@ impl<M: Meter> MemoryProbe for Probe<M> {
         }
         let exact = self.shared.meter.exact_peak().is_some();
         MemoryReport {
-            memory_probe: self.shared.meter.name().into(),
+            memory_probe: self.shared.meter.kind(),
             peak_bytes: Some(f.peak),
             peak_method: Some(match exact {
                 true => "exact (counting allocator)".into(),

@@ -9,6 +9,35 @@ use std::fmt::Write as _;
 
 use oomlab_engine::Pass;
 
+/// The part of a training window a sample lies in: `phase` in `memory_timeline.csv`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowPhase {
+    /// A micro-batch's forward pass and its loss.
+    Forward,
+    /// A micro-batch's backward pass and the gradients' accumulation.
+    Backward,
+    /// The optimizer step.
+    Step,
+}
+
+impl WindowPhase {
+    /// The spelling in `memory_timeline.csv`: `forward`, `backward` or `step`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Forward => "forward",
+            Self::Backward => "backward",
+            Self::Step => "step",
+        }
+    }
+
+    /// The phase [`name`](Self::name) spells, or `None`.
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::Forward, Self::Backward, Self::Step]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+}
+
 /// What a sample follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
@@ -33,12 +62,12 @@ impl Event {
         }
     }
 
-    /// `forward`, `backward` or `step`: the phase of the window the event lies in.
-    pub fn phase(self) -> &'static str {
+    /// The phase of the window the event lies in.
+    pub fn phase(self) -> WindowPhase {
         match self {
-            Self::Forward(_) | Self::Loss => "forward",
-            Self::Backward(_) | Self::Gradients => "backward",
-            Self::Step => "step",
+            Self::Forward(_) | Self::Loss => WindowPhase::Forward,
+            Self::Backward(_) | Self::Gradients => WindowPhase::Backward,
+            Self::Step => WindowPhase::Step,
         }
     }
 
@@ -118,7 +147,7 @@ impl Timeline {
             let _ = writeln!(
                 out,
                 "{i},{},{},{},{},{reserved}",
-                s.event.phase(),
+                s.event.phase().name(),
                 s.event.label(),
                 s.micro_batch,
                 s.in_use

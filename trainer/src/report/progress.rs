@@ -4,6 +4,7 @@
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::training::eval::EvalResult;
+use crate::training::loss_scale::ScaleNow;
 use crate::training::step::Outcome;
 
 /// A bar over the run's optimizer steps.
@@ -32,11 +33,11 @@ impl Progress {
         outcome: Outcome,
         loss: f64,
         images_per_sec: f64,
-        scale: &str,
+        scale: ScaleNow,
         skipped: usize,
     ) {
         let mut msg = format!("loss {loss:.4} | {images_per_sec:.0} img/s");
-        if scale != "off" {
+        if scale.is_on() {
             msg.push_str(&format!(" | scale {scale} | skipped {skipped}"));
         }
         if let Outcome::Stepped { lr } = outcome {

@@ -6,11 +6,15 @@ use burn::tensor::backend::AutodiffBackend;
 use oomlab_engine::dtype_name;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::Selected;
-use crate::config::{AutotuneCache, Settings};
+use crate::backend::{BackendUsed, Selected};
+use crate::config::{
+    AutotuneCache, Checkpointing, FreeCache, Fuse, Mistakes, OptimizerName, PrecisionMode,
+    ScheduleName, Settings,
+};
 use crate::memory::estimate::{estimate, Target};
 use crate::memory::{human, MemoryReport};
 use crate::model::Classifier;
+use crate::training::loss_scale::ScaleNow;
 use crate::training::record::{Record, Warmup};
 use crate::training::step::Stepper;
 
@@ -20,23 +24,23 @@ pub struct Summary {
     pub config: String,
     pub model: String,
     pub parameters: usize,
-    pub backend: String,
-    pub precision: String,
+    pub backend: BackendUsed,
+    pub precision: PrecisionMode,
     /// dtype batch norm computes in; absent for models without batch norm.
     pub batch_norm: Option<String>,
     /// `off`, or the scaling kind and the scale at the end of the run.
-    pub loss_scale: String,
+    pub loss_scale: ScaleNow,
     /// Optimizer steps skipped because a gradient overflowed.
     pub skipped_steps: usize,
     /// Pure f16 only: mean fraction of weights a step left unchanged (updates rounded away).
     pub updates_lost: Option<f64>,
-    pub optimizer: String,
+    pub optimizer: OptimizerName,
     /// Micro-batch size (one forward/backward).
     pub batch_size: usize,
     pub accum_steps: usize,
     /// Samples per optimizer step.
     pub effective_batch: usize,
-    pub lr_schedule: String,
+    pub lr_schedule: ScheduleName,
     /// Learning rate the next step would use.
     pub final_lr: f64,
     pub steps: usize,
@@ -55,18 +59,20 @@ pub struct Summary {
     pub wall_seconds: f64,
     pub checkpoint: String,
     /// `memory.free_cache`: when cached device memory was released.
-    pub free_cache: String,
+    pub free_cache: FreeCache,
     /// `memory.checkpointing`: which activations autodiff kept.
-    pub checkpointing: String,
-    /// `memory.fuse`: whether the blocks ran as fused ops.
-    #[serde(default = "no_fusion")]
-    pub fuse: String,
+    pub checkpointing: Checkpointing,
+    /// `memory.fuse`: whether the blocks ran as fused ops (summaries written before it
+    /// existed ran without fusion: the default).
+    #[serde(default)]
+    pub fuse: Fuse,
     /// CubeCL's kernel search (`backend.autotune`, `autotune_cache`); `n/a` on the CPU.
     #[serde(default)]
     pub autotune: String,
-    /// The `[mistakes]` switches on, comma-separated, or `none`.
-    #[serde(default = "no_mistakes")]
-    pub mistakes: String,
+    /// The `[mistakes]` switches made, written as their names comma-separated, or `none`
+    /// (summaries written before `[mistakes]` existed made none: the default).
+    #[serde(default, with = "mistakes_text")]
+    pub mistakes: Mistakes,
     /// `trainer estimate`'s prediction of `peak_bytes`.
     pub predicted_peak_bytes: u64,
     /// `trainer estimate`'s prediction of `training_peak_bytes` (its device peak: no data).
@@ -106,24 +112,24 @@ impl Summary {
             config: settings.path.display().to_string(),
             model: settings.model.name(),
             parameters: model.trainable_params(),
-            backend: backend.name(),
-            precision: settings.precision.mode.name().into(),
+            backend: backend.used(),
+            precision: settings.precision.mode,
             batch_norm: model
                 .has_batch_norm()
                 .then(|| dtype_name(settings.precision.policy().batch_norm).to_string()),
-            loss_scale: stepper.scaler.describe(),
+            loss_scale: stepper.scaler.now(),
             skipped_steps: stepper.skipped,
             updates_lost: record.updates_lost(),
-            optimizer: t.optimizer.name().into(),
+            optimizer: t.optimizer,
             // What the run really used: a split smaller than the window caps both.
             batch_size: t.batch_size.min(window),
             accum_steps: t.accum_steps,
             effective_batch: window,
-            lr_schedule: t.lr_schedule.name().into(),
-            free_cache: m.free_cache.name().into(),
-            checkpointing: m.checkpointing.name().into(),
-            fuse: m.fuse.name().into(),
-            mistakes: mistakes(settings),
+            lr_schedule: t.lr_schedule,
+            free_cache: m.free_cache,
+            checkpointing: m.checkpointing,
+            fuse: m.fuse,
+            mistakes: settings.mistakes,
             autotune: match backend {
                 Selected::Cpu => "n/a (CPU)".into(),
                 _ => format!(
@@ -163,15 +169,15 @@ impl Summary {
             ("config", self.config.clone()),
             ("model", self.model.clone()),
             ("parameters", thousands(self.parameters)),
-            ("backend", self.backend.clone()),
-            ("precision", self.precision.clone()),
+            ("backend", self.backend.to_string()),
+            ("precision", self.precision.name().into()),
             (
                 "batch norm",
                 self.batch_norm
                     .clone()
                     .unwrap_or_else(|| "none in model".into()),
             ),
-            ("loss scale", self.loss_scale.clone()),
+            ("loss scale", self.loss_scale.to_string()),
             ("skipped steps", self.skipped_steps.to_string()),
             (
                 "updates lost",
@@ -180,7 +186,7 @@ impl Summary {
                         format!("{:.1}% of weights unchanged per step", 100.0 * f)
                     }),
             ),
-            ("optimizer", self.optimizer.clone()),
+            ("optimizer", self.optimizer.name().into()),
             (
                 "batch",
                 format!(
@@ -190,12 +196,16 @@ impl Summary {
             ),
             (
                 "lr schedule",
-                format!("{} (final lr {:.3e})", self.lr_schedule, self.final_lr),
+                format!(
+                    "{} (final lr {:.3e})",
+                    self.lr_schedule.name(),
+                    self.final_lr
+                ),
             ),
             ("steps", self.steps.to_string()),
             ("epochs", self.epochs.to_string()),
             ("images/s", format!("{:.0}", self.images_per_sec)),
-            ("warm-up", self.warmup.describe(self.backend != "cpu")),
+            ("warm-up", self.warmup.describe(&self.backend)),
             ("autotune", self.autotune.clone()),
             ("final train loss", format!("{:.4}", self.final_train_loss)),
             ("eval loss", format!("{:.4}", self.eval_loss)),
@@ -205,11 +215,11 @@ impl Summary {
             ),
             ("wall time", format!("{:.1} s", self.wall_seconds)),
             ("checkpoint", self.checkpoint.clone()),
-            ("free cache", self.free_cache.clone()),
-            ("act. checkpointing", self.checkpointing.clone()),
-            ("fused blocks", self.fuse.clone()),
-            ("mistakes (teaching)", self.mistakes.clone()),
-            ("memory probe", self.memory.memory_probe.clone()),
+            ("free cache", self.free_cache.name().into()),
+            ("act. checkpointing", self.checkpointing.name().into()),
+            ("fused blocks", self.fuse.name().into()),
+            ("mistakes (teaching)", mistakes_text::spell(self.mistakes)),
+            ("memory probe", self.memory.memory_probe.name().into()),
             ("peak in use", bytes(self.memory.peak_bytes)),
             ("training peak", self.training_peak()),
             ("analytic floor", self.floor()),
@@ -309,8 +319,8 @@ impl Summary {
 
 impl Warmup {
     /// `first 1 step: 12.3 s (kernel compilation, …; excluded from images/s)`. Only CubeCL
-    /// (`cubecl`) compiles and autotunes kernels; the CPU only grows its heap.
-    fn describe(&self, cubecl: bool) -> String {
+    /// (CUDA, wgpu) compiles and autotunes kernels; the CPU only grows its heap.
+    fn describe(&self, backend: &BackendUsed) -> String {
         let steps = match self.steps {
             1 => "1 step".to_string(),
             n => format!("{n} steps"),
@@ -319,9 +329,11 @@ impl Warmup {
             true => "excluded from images/s",
             false => "images/s includes it: no step followed",
         };
-        let what = match cubecl {
-            true => "kernel compilation, autotune, pools growing",
-            false => "first allocations",
+        let what = match backend {
+            BackendUsed::Cuda { .. } | BackendUsed::Wgpu { .. } => {
+                "kernel compilation, autotune, pools growing"
+            }
+            BackendUsed::Cpu => "first allocations",
         };
         format!("first {steps}: {:.1} s ({what}; {how})", self.seconds)
     }
@@ -350,31 +362,53 @@ fn thousands(n: usize) -> String {
     out
 }
 
-/// The `[mistakes]` switches that are on.
-fn mistakes(settings: &Settings) -> String {
-    let m = settings.mistakes;
-    let on: Vec<&str> = [
-        ("eval_with_autograd", m.eval_with_autograd),
-        ("keep_losses", m.keep_losses),
-    ]
-    .iter()
-    .filter(|(_, on)| *on)
-    .map(|(name, _)| *name)
-    .collect();
-    match on.is_empty() {
-        true => no_mistakes(),
-        false => on.join(", "),
+/// `[mistakes]` as reports write it: the switches on, comma-separated, or `none`.
+pub mod mistakes_text {
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::config::Mistakes;
+
+    /// `none`, or the switches on: `eval_with_autograd, keep_losses`.
+    pub fn spell(m: Mistakes) -> String {
+        let on: Vec<&str> = m
+            .switches()
+            .into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(name, _)| name)
+            .collect();
+        match on.is_empty() {
+            true => "none".into(),
+            false => on.join(", "),
+        }
     }
-}
 
-/// Summaries written before `[mistakes]` existed made none.
-fn no_mistakes() -> String {
-    "none".into()
-}
+    /// Writes [`spell`]'s text.
+    pub fn serialize<S: Serializer>(m: &Mistakes, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&spell(*m))
+    }
 
-/// Summaries written before `memory.fuse` existed ran without fusion.
-fn no_fusion() -> String {
-    "none".into()
+    /// [`serialize`] for a value that may be absent (`null`).
+    pub fn serialize_option<S: Serializer>(m: &Option<Mistakes>, s: S) -> Result<S::Ok, S::Error> {
+        match m {
+            Some(m) => serialize(m, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Reads [`spell`]'s text back.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Mistakes, D::Error> {
+        let text = String::deserialize(d)?;
+        let made = match text.as_str() {
+            "none" => Some(Mistakes::default()),
+            list => Mistakes::from_names(list.split(", ")),
+        };
+        made.ok_or_else(|| {
+            D::Error::custom(format!(
+                "mistakes {text:?}: expected \"none\" or [mistakes] switches, comma-separated"
+            ))
+        })
+    }
 }
 
 /// measured / predicted − 1.

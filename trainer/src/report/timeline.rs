@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Context;
 use plotters::prelude::*;
 
-use crate::memory::timeline::{Sample, Timeline};
+use crate::memory::timeline::{Sample, Timeline, WindowPhase};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -46,7 +46,7 @@ fn chart(samples: &[Sample]) -> Result<String, Box<dyn std::error::Error>> {
             "Memory over the peak window: {:.1} MiB in use after {} ({})",
             mib(peak.in_use),
             peak.event.label(),
-            peak.event.phase()
+            peak.event.phase().name()
         );
         let mut chart = ChartBuilder::on(&root)
             .caption(caption, ("sans-serif", 18))
@@ -70,7 +70,7 @@ fn chart(samples: &[Sample]) -> Result<String, Box<dyn std::error::Error>> {
         let backward = samples
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.event.phase() == "backward");
+            .filter(|(_, s)| s.event.phase() == WindowPhase::Backward);
         chart.draw_series(backward.map(|(i, _)| {
             let x = i as f64;
             Rectangle::new([(x - 0.5, 0.0), (x + 0.5, mib(top) * 1.1 + 0.1)], shade)

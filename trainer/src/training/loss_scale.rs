@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{LossScaleSpec, MAX_SCALE, MIN_SCALE};
+use crate::config::{LossScaleKind, LossScaleSpec, MAX_SCALE, MIN_SCALE};
 
 /// The scaler's state; saved in checkpoints so a resumed run keeps its scale.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -102,12 +102,77 @@ impl LossScaler {
         }
     }
 
+    /// The kind of scaling and the current scale, for reports.
+    pub fn now(&self) -> ScaleNow {
+        ScaleNow {
+            kind: self.spec.kind(),
+            scale: self.state.scale,
+        }
+    }
+
     /// `off`, or the kind and the current scale (`dynamic, 32768`).
     pub fn describe(&self) -> String {
-        match self.spec {
-            LossScaleSpec::Off => "off".into(),
-            spec => format!("{}, {}", spec.name(), format_scale(self.state.scale)),
+        self.now().to_string()
+    }
+}
+
+/// The loss scaling of a run at one moment: its kind and its scale. Reports (the progress line,
+/// summary.json's `loss_scale`) spell it `off` or `dynamic, 32768`, and read that text back.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub struct ScaleNow {
+    /// Off, fixed or dynamic.
+    pub kind: LossScaleKind,
+    /// The factor the loss is multiplied by (1 when off).
+    pub scale: f64,
+}
+
+impl ScaleNow {
+    /// Whether the loss is scaled at all.
+    pub fn is_on(self) -> bool {
+        self.kind != LossScaleKind::Off
+    }
+}
+
+impl std::fmt::Display for ScaleNow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.kind {
+            LossScaleKind::Off => f.write_str("off"),
+            kind => write!(f, "{}, {}", kind.name(), format_scale(self.scale)),
         }
+    }
+}
+
+/// Text that is not a [`ScaleNow`]'s spelling.
+#[derive(Debug, thiserror::Error)]
+#[error("loss scale {0:?}: expected \"off\" or a kind and a scale, e.g. \"dynamic, 32768\"")]
+pub struct BadScale(String);
+
+impl TryFrom<String> for ScaleNow {
+    type Error = BadScale;
+
+    fn try_from(text: String) -> Result<Self, BadScale> {
+        if text == LossScaleKind::Off.name() {
+            return Ok(Self {
+                kind: LossScaleKind::Off,
+                scale: 1.0,
+            });
+        }
+        let parsed = text.split_once(", ").and_then(|(kind, scale)| {
+            Some(Self {
+                kind: LossScaleKind::ALL
+                    .into_iter()
+                    .find(|k| *k != LossScaleKind::Off && k.name() == kind)?,
+                scale: scale.parse().ok()?,
+            })
+        });
+        parsed.ok_or(BadScale(text))
+    }
+}
+
+impl From<ScaleNow> for String {
+    fn from(now: ScaleNow) -> Self {
+        now.to_string()
     }
 }
 

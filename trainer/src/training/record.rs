@@ -141,17 +141,17 @@ impl Record {
             self.images += samples;
         }
         self.largest_window = self.largest_window.max(samples);
-        let describe = stepper.scaler.describe();
+        let scale = stepper.scaler.now();
         let rate = self.images_per_sec();
         self.progress
-            .step(outcome, loss, rate, &describe, stepper.skipped);
+            .step(outcome, loss, rate, scale, stepper.skipped);
         if stepper.diverged() {
             self.progress.finish();
             // The log of what led up to it is the most useful thing to keep.
             self.write_log()?;
             let cause = if stepper.scaler.is_active() {
                 format!(
-                    "the loss scale backed off to {describe} without one finite step, so the \
+                    "the loss scale backed off to {scale} without one finite step, so the \
                      loss or the weights themselves are inf/NaN"
                 )
             } else {

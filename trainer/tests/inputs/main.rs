@@ -9,3 +9,6 @@ mod config;
 mod data;
 /// Hundreds of mutated configs and `--set` strings: no panic, one-line rejections.
 mod fuzz;
+/// summary.json read back: every spelling parses into the report's enums and is rewritten
+/// byte for byte.
+mod summaries;

@@ -237,6 +237,44 @@ fn out_of_memory_panics_are_told_from_other_panics() {
     ));
 }
 
+/// The phase an out-of-memory names is its own run's: each `catch` makes a fresh cell, so a run
+/// that fails before its first boundary does not inherit the phase an earlier run in the
+/// process passed last, and two runs sampling at once each keep theirs.
+#[test]
+fn each_run_names_its_own_failing_phase() {
+    use std::sync::Barrier;
+    use trainer::memory::catch::{catch, LastPhase};
+    use trainer::memory::diagnosis::OutOfMemory;
+    use trainer::memory::{MemoryProbe, NullProbe, Phase};
+
+    let s = settings(&[]);
+    let failing = |passed: Option<Phase>| -> String {
+        let error = catch::<()>(&s, Target::Device, |last| {
+            if let Some(phase) = passed {
+                last.track(&mut NullProbe).sample(phase);
+            }
+            panic!("out of memory (a test's)");
+        })
+        .unwrap_err();
+        error.downcast::<OutOfMemory>().unwrap().phase
+    };
+    assert_eq!(failing(Some(Phase::AfterForward)), "in backward");
+    assert_eq!(failing(None), "while setting up (model, data)");
+
+    let both_sampled = Barrier::new(2);
+    std::thread::scope(|scope| {
+        for mine in [Phase::AfterForward, Phase::EvalStart] {
+            let both_sampled = &both_sampled;
+            scope.spawn(move || {
+                let last = LastPhase::default();
+                last.track(&mut NullProbe).sample(mine);
+                both_sampled.wait();
+                assert_eq!(last.get(), Some(mine));
+            });
+        }
+    });
+}
+
 /// The floor of SimpleModel f32 batch 128 (Adam), counted by hand from the fused tape: the
 /// worst instant is the fused block's backward, with the images, its pooled output, one
 /// position byte per output and the logits saved, and the pooled output's gradient in flight.

@@ -14,6 +14,7 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::{Row, StepMemory};
+use crate::memory::timeline::WindowPhase;
 
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -177,7 +178,10 @@ pub fn timeline(rows: &[Row], note: Option<&str>) -> anyhow::Result<Option<Strin
                         (x, s.1.saturating_sub(base) as f64 / MIB)
                     })
                     .collect();
-                let forward_end = row.timeline.iter().rposition(|s| s.0 == "forward");
+                let forward_end = row
+                    .timeline
+                    .iter()
+                    .rposition(|s| s.0 == WindowPhase::Forward);
                 chart
                     .draw_series(std::iter::once(PathElement::new(
                         points.clone(),

@@ -17,12 +17,15 @@ use serde::Serialize;
 
 use super::child::{self, unique_dir};
 use super::dry_run_ok;
+use crate::backend::BackendUsed;
 use crate::cli::CompareArgs;
-use crate::config::{self, BackendKind, ConfigError, Purpose, Settings};
+use crate::config::{self, BackendKind, ConfigError, Mistakes, PrecisionMode, Purpose, Settings};
 use crate::memory::estimate::{estimate, Estimate, Target, Terms};
+use crate::memory::timeline::WindowPhase;
+use crate::memory::ProbeKind;
 use crate::outputs::{self, folder};
 use crate::report::step_log::StepLog;
-use crate::report::summary::Summary;
+use crate::report::summary::{mistakes_text, Summary};
 use crate::training::checkpoint;
 use crate::training::interrupt::{Interrupt, Stopped};
 
@@ -39,8 +42,8 @@ pub struct Row {
     pub model: Option<String>,
     /// Trainable parameters.
     pub parameters: Option<usize>,
-    pub backend: Option<String>,
-    pub precision: Option<String>,
+    pub backend: Option<BackendUsed>,
+    pub precision: Option<PrecisionMode>,
     /// Batch norm's dtype; absent for a model without batch norm.
     pub batch_norm: Option<String>,
     pub batch_size: Option<usize>,
@@ -55,15 +58,16 @@ pub struct Row {
     /// Reserved bytes right after the last optimizer step (after `free_cache`'s cleanup).
     #[serde(default)]
     pub reserved_after_step_bytes: Option<u64>,
-    /// `heap` (CPU), `cuda` or `wgpu`: what `peak_bytes` counts.
-    pub memory_probe: Option<String>,
+    /// What `peak_bytes` counts: the CPU heap, or CubeCL's usage on CUDA or wgpu.
+    pub memory_probe: Option<ProbeKind>,
     pub images_per_sec: Option<f64>,
     pub final_train_loss: Option<f64>,
     pub eval_accuracy: Option<f64>,
     pub skipped_steps: Option<usize>,
-    /// The `[mistakes]` switches the run made (`none` for most).
-    #[serde(default)]
-    pub mistakes: Option<String>,
+    /// The `[mistakes]` switches the run made (none for most), written as summary.json
+    /// writes them.
+    #[serde(serialize_with = "mistakes_text::serialize_option")]
+    pub mistakes: Option<Mistakes>,
     /// Peak bytes in use during evaluation, and what evaluating added above what was in use
     /// when it began (`[mistakes] eval_with_autograd` raises both).
     #[serde(default)]
@@ -81,7 +85,7 @@ pub struct Row {
     /// Phase and bytes in use at each sample of the peak window (`memory_timeline.csv`), for
     /// `timeline.svg`.
     #[serde(skip)]
-    pub timeline: Vec<(String, u64)>,
+    pub timeline: Vec<(WindowPhase, u64)>,
     /// Why the run failed; absent when it finished.
     pub error: Option<String>,
 }
@@ -127,7 +131,7 @@ impl Row {
                 .skip(1)
                 .filter_map(|line| {
                     let f: Vec<&str> = line.split(',').collect();
-                    Some((f.get(1)?.to_string(), f.get(4)?.parse().ok()?))
+                    Some((WindowPhase::parse(f.get(1)?)?, f.get(4)?.parse().ok()?))
                 })
                 .collect();
         }
@@ -152,7 +156,7 @@ impl Row {
             row.model = Some(s.model.name());
             row.parameters = Some(e.parameters as usize);
             row.predicted_peak_bytes = Some(e.predicted_peak());
-            row.precision = Some(s.precision.mode.name().into());
+            row.precision = Some(s.precision.mode);
             row.batch_size = Some(s.train.batch_size);
             row.accum_steps = Some(s.train.accum_steps);
         }

@@ -9,13 +9,14 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::Row;
-use crate::memory::human;
+use crate::config::{Mistakes, PrecisionMode};
+use crate::memory::{human, ProbeKind};
 
 const MIB: f64 = (1u64 << 20) as f64;
 
 /// The columns of the table and the CSV, with each row's cell.
 fn columns(r: &Row) -> [(&'static str, String); 15] {
-    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "—".into());
+    let opt = |v: Option<&str>| v.unwrap_or("—").to_string();
     let bytes = |b: Option<u64>| b.map_or_else(|| "—".into(), human);
     let batch = match (r.batch_size, r.accum_steps) {
         (Some(b), Some(k)) => format!("{b} × {k}"),
@@ -23,13 +24,13 @@ fn columns(r: &Row) -> [(&'static str, String); 15] {
     };
     [
         ("config", r.name.clone()),
-        ("model", opt(&r.model)),
+        ("model", opt(r.model.as_deref())),
         (
             "params",
             r.parameters
                 .map_or("—".into(), |p| format!("{:.2} M", p as f64 / 1e6)),
         ),
-        ("precision", opt(&r.precision)),
+        ("precision", opt(r.precision.map(PrecisionMode::name))),
         ("BN", r.batch_norm.clone().unwrap_or_else(|| "—".into())),
         ("batch × accum", batch),
         ("predicted", bytes(r.predicted_peak_bytes)),
@@ -42,7 +43,7 @@ fn columns(r: &Row) -> [(&'static str, String); 15] {
                     Some(after) => format!("{} ({} after step)", human(b), human(after)),
                     None => human(b),
                 },
-                (Some(p), None) if p == "heap" => "n/a (heap)".into(),
+                (Some(ProbeKind::Heap), None) => "n/a (heap)".into(),
                 _ => "—".into(),
             },
         ),
@@ -84,9 +85,7 @@ pub fn markdown(rows: &[Row]) -> String {
     let Some(first) = rows.first() else {
         return String::new();
     };
-    let eval = rows
-        .iter()
-        .any(|r| r.mistakes.as_deref().is_some_and(|m| m != "none"));
+    let eval = rows.iter().any(|r| r.mistakes.is_some_and(Mistakes::any));
     let table: Vec<Vec<(&str, String)>> = rows
         .iter()
         .map(|r| {
@@ -135,17 +134,18 @@ pub fn csv(rows: &[Row]) -> String {
          peak_bytes,training_peak_bytes,reserved_peak_bytes,reserved_after_step_bytes,memory_probe,images_per_sec,\
          final_train_loss,eval_accuracy,skipped_steps,error\n",
     );
-    let s = |v: &Option<String>| quote(v.as_deref().unwrap_or(""));
+    let s = |v: Option<&str>| quote(v.unwrap_or(""));
     let n = |v: Option<String>| v.unwrap_or_default();
     for r in rows {
+        let backend = r.backend.as_ref().map(ToString::to_string);
         let cells = [
             quote(&r.config),
             quote(&r.name),
-            s(&r.model),
+            s(r.model.as_deref()),
             n(r.parameters.map(|v| v.to_string())),
-            s(&r.backend),
-            s(&r.precision),
-            s(&r.batch_norm),
+            s(backend.as_deref()),
+            s(r.precision.map(PrecisionMode::name)),
+            s(r.batch_norm.as_deref()),
             n(r.batch_size.map(|v| v.to_string())),
             n(r.accum_steps.map(|v| v.to_string())),
             n(r.predicted_peak_bytes.map(|v| v.to_string())),
@@ -153,12 +153,12 @@ pub fn csv(rows: &[Row]) -> String {
             n(r.training_peak_bytes.map(|v| v.to_string())),
             n(r.reserved_peak_bytes.map(|v| v.to_string())),
             n(r.reserved_after_step_bytes.map(|v| v.to_string())),
-            s(&r.memory_probe),
+            s(r.memory_probe.map(ProbeKind::name)),
             n(r.images_per_sec.map(|v| format!("{v:.1}"))),
             n(r.final_train_loss.map(|v| format!("{v:.6}"))),
             n(r.eval_accuracy.map(|v| format!("{v:.6}"))),
             n(r.skipped_steps.map(|v| v.to_string())),
-            s(&r.error),
+            s(r.error.as_deref()),
         ];
         out.push_str(&cells.join(","));
         out.push('\n');
