@@ -14,7 +14,7 @@ use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::prelude::*;
 
-use oomlab_engine::{mark, Boundary, ModelBackend, RunContext};
+use oomlab_engine::{mark, Boundary, Layer, ModelBackend, Plan, RunContext};
 
 use crate::layers;
 
@@ -118,6 +118,88 @@ impl MobileNetConfig {
     /// Channels of a layer with `base` channels at α = 1 (Keras' `int(c · α)`, at least 1).
     pub fn channels(&self, base: usize) -> usize {
         ((base as f64 * self.width_multiplier) as usize).max(1)
+    }
+
+    /// The forward pass as the memory estimate reads it: the ops `init` builds from
+    /// [`BLOCKS`] and `forward` runs, with their per-image sizes.
+    pub fn plan(&self) -> Plan {
+        let mut plan = Plan::default();
+        let what = match self.fuse {
+            true => "fused conv+BN+ReLU: conv, BN inputs",
+            false => "conv, BN, ReLU inputs",
+        };
+        // conv keeps its input, BN its input (the conv output), ReLU its input (BN's); fused,
+        // one op keeps the first two and recomputes the third in backward.
+        let block =
+            |plan: &mut Plan, group: String, [input, output, weight, channels]: [u64; 4]| {
+                if self.fuse {
+                    let layer = Layer::ConvBnRelu {
+                        input,
+                        output,
+                        weight,
+                        channels,
+                    };
+                    plan.push(group, layer);
+                    return;
+                }
+                let conv = Layer::Conv {
+                    input,
+                    output,
+                    weight,
+                    bias: 0,
+                };
+                plan.push(group.clone(), conv);
+                let bn = Layer::BatchNorm {
+                    elements: output,
+                    channels,
+                };
+                plan.push(group.clone(), bn);
+                plan.push(group, Layer::Relu { elements: output });
+            };
+        let s = self.input_size as u64;
+        let mut side = s.div_ceil(self.stem_stride as u64);
+        let mut c_in = self.channels(STEM_CHANNELS) as u64;
+        let stem = [3 * s * s, c_in * side * side, 3 * c_in * 9, c_in];
+        block(&mut plan, format!("stem: {what}"), stem);
+        for (i, &(base, stride)) in BLOCKS.iter().enumerate() {
+            let c_out = self.channels(base) as u64;
+            let input = c_in * side * side;
+            side = side.div_ceil(stride as u64);
+            let dw = c_in * side * side;
+            let group = format!("block {:>2} depthwise: {what}", i + 1);
+            block(&mut plan, group, [input, dw, c_in * 9, c_in]);
+            let group = format!("block {:>2} pointwise: {what}", i + 1);
+            block(
+                &mut plan,
+                group,
+                [dw, c_out * side * side, c_in * c_out, c_out],
+            );
+            c_in = c_out;
+        }
+        let last = c_in * side * side;
+        let pool = Layer::GlobalPool {
+            input: last,
+            channels: c_in,
+        };
+        plan.push("global pool (keeps its input)", pool);
+        let k = self.num_classes as u64;
+        let (input, output, weight, bias) = (c_in, k, c_in * k, k);
+        let fc = match self.fuse {
+            true => Layer::SlicedLinear {
+                input,
+                output,
+                weight,
+                bias,
+            },
+            false => Layer::Linear {
+                input,
+                output,
+                weight,
+                bias,
+            },
+        };
+        plan.push("linear (keeps its input)", fc);
+        plan
     }
 
     /// Builds the model on `device`.

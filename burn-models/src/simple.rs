@@ -10,7 +10,7 @@ use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
 use burn::prelude::*;
 
-use oomlab_engine::{mark, Boundary, ModelBackend, RunContext};
+use oomlab_engine::{mark, Boundary, Layer, ModelBackend, Plan, RunContext};
 
 use crate::layers;
 
@@ -41,6 +41,72 @@ pub const SIMPLE_INPUT_SIZE: usize = 32;
 pub const CHANNELS: usize = 64;
 
 impl SimpleModelConfig {
+    /// The forward pass as the memory estimate reads it: the ops `init` builds and `forward`
+    /// runs, with their per-image sizes.
+    pub fn plan(&self) -> Plan {
+        let (s, c, k) = (
+            SIMPLE_INPUT_SIZE as u64,
+            CHANNELS as u64,
+            self.num_classes as u64,
+        );
+        let (images, conv, pooled) = (3 * s * s, c * s * s, c * (s / 2) * (s / 2));
+        let (weight, bias) = (3 * c * 9, c);
+        let mut plan = Plan::default();
+        if self.fuse {
+            plan.push(
+                "conv+ReLU+max-pool (keeps the images, its output, 1 byte per output)",
+                Layer::ConvReluPool {
+                    input: images,
+                    conv,
+                    output: pooled,
+                    weight,
+                    bias,
+                },
+            );
+            plan.push(
+                "linear (keeps its input: the block's output, counted above)",
+                Layer::SlicedLinear {
+                    input: pooled,
+                    output: k,
+                    weight: pooled * k,
+                    bias: k,
+                },
+            );
+            return plan;
+        }
+        let input = images;
+        plan.push(
+            "conv (keeps its input, the images)",
+            Layer::Conv {
+                input,
+                output: conv,
+                weight,
+                bias,
+            },
+        );
+        plan.push(
+            "ReLU (keeps its input, the conv output)",
+            Layer::Relu { elements: conv },
+        );
+        plan.push(
+            "max-pool (keeps its input and argmax indices)",
+            Layer::MaxPool {
+                input: conv,
+                output: pooled,
+            },
+        );
+        plan.push(
+            "linear (keeps its input)",
+            Layer::Linear {
+                input: pooled,
+                output: k,
+                weight: pooled * k,
+                bias: k,
+            },
+        );
+        plan
+    }
+
     /// Builds the model on `device` with Burn's default initialisers.
     pub fn init<B: Backend>(&self, device: &B::Device) -> SimpleModel<B> {
         let pooled = SIMPLE_INPUT_SIZE / 2;

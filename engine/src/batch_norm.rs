@@ -24,6 +24,7 @@ use burn::tensor::{DType, Tensor};
 
 use crate::cast::{convert as cast, float, prim};
 use crate::context::RunContext;
+use crate::footprint::{Footprint, Sizes};
 use crate::kernels::Kernels;
 
 /// What a training-mode batch norm returns: the output, in the input's dtype, and the batch
@@ -267,4 +268,17 @@ pub(crate) fn batch_norm_autodiff<B: Kernels, C: CheckpointStrategy>(
         OpsKind::UnTracked(prep) => prep.finish(f.output),
     };
     BatchNormOutput { output, mean, var }
+}
+
+/// What the op holds at `sizes` over `elements` values per image: it keeps its input (and two
+/// per-channel vectors, left out); its backward has the output's and the input's gradients.
+pub(crate) fn footprint(s: &Sizes, elements: u64) -> Footprint {
+    Footprint {
+        saved: s.acts(elements),
+        saved_values: s.batch * elements,
+        recomputable: 0,
+        backward: s.acts(2 * elements),
+        weight_grad: 0,
+        output_grad: s.acts(elements),
+    }
 }

@@ -28,6 +28,7 @@ use burn::tensor::DType;
 
 use crate::batch_norm::{BatchNormOutput, SavedStats};
 use crate::context::RunContext;
+use crate::footprint::{Footprint, Sizes};
 use crate::kernels::Kernels;
 
 /// The composed block, for backends without an autodiff graph.
@@ -156,4 +157,20 @@ pub(crate) fn conv_bn_relu_autodiff<B: Kernels, C: CheckpointStrategy>(
         OpsKind::UnTracked(prep) => prep.finish(output),
     };
     BatchNormOutput { output, mean, var }
+}
+
+/// What the block holds at `sizes` for `input` → `output` values per image: it keeps its input
+/// and the batch-norm input (the conv output, as large as its output); its backward makes the
+/// recomputed BN output, the masked gradient and the BN input's gradient beside the output's
+/// and the input's. On the CPU in bf16 the conv's gradients convert the input and the conv
+/// output's gradient to f32 (each twice).
+pub(crate) fn footprint(s: &Sizes, input: u64, output: u64) -> Footprint {
+    Footprint {
+        saved: s.acts(input + output),
+        saved_values: s.batch * (input + output),
+        recomputable: 0,
+        backward: s.acts(input + 4 * output) + s.cpu_bf16_f32(2 * (input + output)),
+        weight_grad: 0,
+        output_grad: s.acts(output),
+    }
 }

@@ -30,8 +30,11 @@ use burn::tensor::{Int, IntDType, Tensor, TensorMetadata};
 
 use crate::cast::{cast_prim, float, prim};
 use crate::context::RunContext;
+use crate::footprint::{Family, Footprint, Sizes};
 use crate::kernels::Kernels;
-use crate::slices::{accumulate, assign, assign_int, int_rows, parameter_grad, rows, slices};
+use crate::slices::{
+    accumulate, assign, assign_int, int_rows, parameter_grad, rows, slice_values, slices,
+};
 
 /// The composed block, for backends without an autodiff graph.
 pub(crate) fn conv_relu_pool_plain<B: Kernels>(
@@ -270,5 +273,34 @@ pub(crate) fn conv_relu_pool_autodiff<B: Kernels, C: CheckpointStrategy>(
             options,
             k,
         )),
+    }
+}
+
+/// What the block holds at `sizes` for `input` values per image, a `conv` output of that many
+/// values and `output` pooled ones: it keeps its input, its output and one byte per output.
+/// Its backward has the output's gradient (and the input's, unless it is the first layer) and,
+/// where the default runs (CubeCL), per slice of images the conv output's gradient, the conv
+/// weight gradient's scratch (about twice that), the winners' mask and the output gradient's
+/// slice: 3.5 slices. The CPU reads the first block's weight gradient off the pooled gradient:
+/// no slice.
+pub(crate) fn footprint(
+    s: &Sizes,
+    input: u64,
+    conv: u64,
+    output: u64,
+    input_grad: bool,
+) -> Footprint {
+    let slice = match s.family {
+        Family::Cpu if !input_grad => 0,
+        _ => 7 * slice_values(s.batch, conv) / 2,
+    };
+    let dx = if input_grad { input } else { 0 };
+    Footprint {
+        saved: s.acts(input + output) + s.batch * output,
+        saved_values: s.batch * (input + 2 * output),
+        recomputable: 0,
+        backward: s.acts(output + dx) + slice * s.compute,
+        weight_grad: 0,
+        output_grad: s.acts(output),
     }
 }

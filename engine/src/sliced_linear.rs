@@ -26,8 +26,9 @@ use burn::tensor::{DType, TensorMetadata};
 
 use crate::cast::{cast_prim, float, prim};
 use crate::context::RunContext;
+use crate::footprint::{Family, Footprint, Sizes};
 use crate::kernels::Kernels;
-use crate::slices::{assign, parameter_grad, rows, slices};
+use crate::slices::{assign, parameter_grad, rows, slice_values, slices};
 
 /// `x · W + b` with `W` and `b` cast to the dtype of `x`, a slice of rows at a time (the CPU
 /// backend's half-precision matmul works on an f32 copy of its operand: a slice's, then).
@@ -134,5 +135,37 @@ pub(crate) fn linear_autodiff<B: Kernels, C: CheckpointStrategy>(
             prep.finish((ids, cx.clone()), out)
         }
         OpsKind::UnTracked(prep) => prep.finish(out),
+    }
+}
+
+/// What the layer holds at `sizes` for `input` → `output` values per image and a `weight` of
+/// that many elements: it keeps its input (unless the op before keeps it: `shared_input`).
+/// Its backward sums the weight gradient over slices in f32 first — on the CPU gemm adds each
+/// slice's product into the one sum (in half precision rounded through the compute dtype at
+/// the end: 6 bytes a weight), on CubeCL the sum and the add's result beside a slice's product
+/// —, then makes the input gradient a slice at a time: a slice's realigning copy and product
+/// (two slices of the input) beside the output's and the input's gradients. The weight
+/// gradient stays in the graph's gradients until backward ends.
+pub(crate) fn footprint(
+    s: &Sizes,
+    input: u64,
+    output: u64,
+    weight: u64,
+    shared_input: bool,
+) -> Footprint {
+    let each = match (s.family, s.compute) {
+        (Family::Cpu, 2) => 6,
+        (Family::Cpu, _) => 4,
+        (Family::CubeCl, c) => 8 + c,
+    };
+    let input_grad = s.acts(input + output) + 2 * slice_values(s.batch, input) * s.compute;
+    let weight_sum = s.acts(output) + weight * each;
+    Footprint {
+        saved: if shared_input { 0 } else { s.acts(input) },
+        saved_values: if shared_input { 0 } else { s.batch * input },
+        recomputable: 0,
+        backward: input_grad.max(weight_sum),
+        weight_grad: weight,
+        output_grad: s.acts(output),
     }
 }

@@ -26,6 +26,13 @@ pub(crate) fn slices(batch: usize, per_image: usize) -> impl Iterator<Item = (us
         .map(move |s| (s, per.min(batch - s)))
 }
 
+/// Values in one slice of a batch of `batch` images of `per_image` values, as [`slices`]
+/// makes them: what an op that works slice by slice has alive per slice.
+pub(crate) fn slice_values(batch: u64, per_image: u64) -> u64 {
+    let per = (SLICE_VALUES as u64 / per_image.max(1)).clamp(1, batch.max(1));
+    per * per_image
+}
+
 /// Images `start..start + len` of a float tensor (a view).
 pub(crate) fn rows<B: Backend, const D: usize>(
     t: &FloatTensor<B>,

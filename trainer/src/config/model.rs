@@ -50,6 +50,14 @@ pub enum ModelSpec {
 }
 
 impl ModelSpec {
+    /// The forward pass as the memory estimate reads it (the model's own plan).
+    pub fn plan(&self) -> oomlab_engine::Plan {
+        match self {
+            Self::Simple(c) => c.plan(),
+            Self::MobileNet(c) => c.plan(),
+        }
+    }
+
     /// Short name used in reports.
     pub fn name(&self) -> String {
         match self {

@@ -15,9 +15,9 @@
 
 use serde::Serialize;
 
-use crate::config::{
-    BackendKind, Checkpointing, ModelSpec, OptimizerName, PrecisionMode, Settings,
-};
+use oomlab_engine::{Family, Footprint, Sizes};
+
+use crate::config::{BackendKind, Checkpointing, OptimizerName, PrecisionMode, Settings};
 use crate::memory::floor::Floor;
 use crate::memory::human;
 
@@ -184,9 +184,6 @@ impl Estimate {
     }
 }
 
-/// Values per slice of the fused ops' batch slices.
-const SLICE_VALUES: u64 = oomlab_engine::slices::SLICE_VALUES as u64;
-
 /// Bytes per element of the layers' compute dtype and of the parameters.
 fn dtype_bytes(settings: &Settings) -> (u64, u64) {
     let compute = if settings.precision.mode.half().is_some() {
@@ -202,282 +199,28 @@ fn dtype_bytes(settings: &Settings) -> (u64, u64) {
     (compute, params)
 }
 
-/// One op of the forward pass, per image: what it saves for backward (elements of the compute
-/// dtype, and of max-pool indices: 8 bytes on Flex, 4 on CubeCL), its input and output sizes, the f32 elements the CPU
-/// backend's bf16 path converts in its backward (Flex runs bf16 conv, max-pool and matmul
-/// through f32 copies), and whether what it saves is a ReLU's output (balanced checkpointing
-/// recomputes that instead of keeping it).
-/// A fused op also saves `bytes` (one-byte window positions) and makes `scratch` elements of
-/// the compute dtype in its backward beside its input and output gradients (the recomputed
-/// values and masks it works from), or, when it works slice by slice, `slice` scratch elements
-/// whatever the batch. On the CPU, `cpu_copy` elements of its input gradient exist twice for a
-/// moment, 4 bytes each: Flex's matmul makes its output as a byte buffer that is copied to be
-/// realigned (`FlexTensor::empty`), and in half precision makes it in f32 first.
-struct Op {
-    group: String,
-    saves: u64,
-    indices: u64,
-    bytes: u64,
-    input: u64,
-    output: u64,
-    scratch: u64,
-    slice: u64,
-    cpu_copy: u64,
-    bf16_f32: u64,
-    after_relu: bool,
-    /// Weight elements whose gradient the op sums over batch slices before it makes its
-    /// input gradient (`sliced_linear`).
-    weight_sum: u64,
-    /// `slice` on the CPU where it differs: Flex reads the first block's weight and bias
-    /// gradients straight off the pooled gradient, with no full-resolution slice.
-    cpu_slice: Option<u64>,
-}
-
-impl Op {
-    /// What the op keeps for backward at micro-batch `b`, with `compute` bytes per activation
-    /// element and `index` per max-pool index.
-    fn saved_bytes(&self, b: u64, compute: u64, index: u64) -> u64 {
-        b * (self.saves * compute + self.indices * index + self.bytes)
-    }
-}
-
-fn op(group: &str, saves: u64, input: u64, output: u64) -> Op {
-    Op {
-        group: group.into(),
-        saves,
-        indices: 0,
-        bytes: 0,
-        input,
-        output,
-        scratch: 0,
-        slice: 0,
-        cpu_copy: 0,
-        bf16_f32: 0,
-        after_relu: false,
-        weight_sum: 0,
-        cpu_slice: None,
-    }
-}
-
-/// The forward tape per image, trainable conv/linear weight elements, trainable BN elements,
-/// BN buffer elements, and the elements of the largest single weight tensor.
-fn tape(spec: &ModelSpec, size: usize, classes: usize) -> (Vec<Op>, u64, u64, u64, u64) {
-    let s = size as u64;
-    let k = classes as u64;
-    match spec {
-        ModelSpec::Simple(_) => {
-            let (c, pooled) = (burn_models::simple::CHANNELS as u64, (s / 2) * (s / 2));
-            let weights = 3 * c * 9 + c + c * pooled * k + k;
-            // The linear layer's weight: 64 channels × 16 × 16 pooled × the classes.
-            let largest = (3 * c * 9).max(c * pooled * k);
-            let linear = Op {
-                // The weight gradient's matmul converts the input and the output gradient.
-                bf16_f32: c * pooled + k,
-                cpu_copy: c * pooled,
-                ..op("linear (keeps its input)", c * pooled, c * pooled, k)
-            };
-            if spec.is_fused() {
-                // The block keeps its output (for the ReLU's sign) until its own backward, after
-                // the linear layer's: counted here, and the linear layer keeps nothing more.
-                // Its backward works a slice of rows at a time (`sliced_linear`): the CPU's
-                // realigning copy and bf16's f32 copies are a slice's, not the batch's.
-                let linear = Op {
-                    saves: 0,
-                    bf16_f32: 0,
-                    cpu_copy: 0,
-                    slice: 2 * SLICE_VALUES,
-                    weight_sum: c * pooled * k,
-                    group: "linear (keeps its input: the block's output, counted above)".into(),
-                    ..linear
-                };
-                let fused = Op {
-                    bytes: c * pooled,
-                    // Per slice of the batch: the conv output's gradient, the backend's weight
-                    // gradient scratch (about twice that), the winners' mask and the output
-                    // gradient's slice (3.5 slices).
-                    slice: 7 * SLICE_VALUES / 2,
-                    // The CPU reads the weight gradient off the pooled gradient: no slices.
-                    cpu_slice: Some(0),
-                    // The images get no gradient: nothing is made for the block's input.
-                    ..op(
-                        "conv+ReLU+max-pool (keeps the images, its output, 1 byte per output)",
-                        3 * s * s + c * pooled,
-                        0,
-                        c * pooled,
-                    )
-                };
-                return (vec![fused, linear], weights, 0, 0, largest);
-            }
-            let ops = vec![
-                Op {
-                    // x_backward and weight_backward each convert x and the output gradient.
-                    bf16_f32: 2 * (3 * s * s + c * s * s),
-                    ..op(
-                        "conv (keeps its input, the images)",
-                        3 * s * s,
-                        3 * s * s,
-                        c * s * s,
-                    )
-                },
-                op(
-                    "ReLU (keeps its input, the conv output)",
-                    c * s * s,
-                    c * s * s,
-                    c * s * s,
-                ),
-                Op {
-                    indices: c * pooled,
-                    after_relu: true,
-                    // x and the output gradient converted, the input gradient made in f32.
-                    bf16_f32: 2 * c * s * s + c * pooled,
-                    ..op(
-                        "max-pool (keeps its input and argmax indices)",
-                        c * s * s,
-                        c * s * s,
-                        c * pooled,
-                    )
-                },
-                linear,
-            ];
-            (ops, weights, 0, 0, largest)
-        }
-        ModelSpec::MobileNet(m) => {
-            let mut ops = Vec::new();
-            let mut side = s.div_ceil(m.stem_stride as u64);
-            let mut c_in = m.channels(burn_models::mobilenet::STEM_CHANNELS) as u64;
-            let (mut weights, mut bn) = (3 * c_in * 9, 2 * c_in);
-            let mut largest = weights;
-            let fused = spec.is_fused();
-            // conv keeps its input, BN its input (the conv output), ReLU its input (BN's);
-            // fused, one op keeps the first two and recomputes the third in backward.
-            let conv_bn_relu = |ops: &mut Vec<Op>, group: &str, input: u64, out: u64| {
-                if fused {
-                    ops.push(Op {
-                        // The recomputed BN output, the masked gradient, the BN input's.
-                        scratch: 3 * out,
-                        bf16_f32: 2 * (input + out),
-                        ..op(group, input + out, input, out)
-                    });
-                    return;
-                }
-                // Every conv but the stem's reads the previous ReLU's output.
-                let after_relu = !ops.is_empty();
-                ops.push(Op {
-                    bf16_f32: 2 * (input + out),
-                    after_relu,
-                    ..op(group, input, input, out)
-                });
-                ops.push(op(group, out, out, out));
-                ops.push(op(group, out, out, out));
-            };
-            let what = match fused {
-                true => "fused conv+BN+ReLU: conv, BN inputs",
-                false => "conv, BN, ReLU inputs",
-            };
-            conv_bn_relu(
-                &mut ops,
-                &format!("stem: {what}"),
-                3 * s * s,
-                c_in * side * side,
-            );
-            for (i, &(base, stride)) in burn_models::mobilenet::BLOCKS.iter().enumerate() {
-                let c_out = m.channels(base) as u64;
-                let input = c_in * side * side;
-                side = side.div_ceil(stride as u64);
-                let dw = c_in * side * side;
-                let group = format!("block {:>2} depthwise: {what}", i + 1);
-                conv_bn_relu(&mut ops, &group, input, dw);
-                let group = format!("block {:>2} pointwise: {what}", i + 1);
-                conv_bn_relu(&mut ops, &group, dw, c_out * side * side);
-                weights += c_in * 9 + c_in * c_out;
-                largest = largest.max(c_in * c_out);
-                bn += 2 * c_in + 2 * c_out;
-                c_in = c_out;
-            }
-            let last = c_in * side * side;
-            ops.push(Op {
-                after_relu: true,
-                ..op("global pool (keeps its input)", last, last, c_in)
-            });
-            ops.push(Op {
-                cpu_copy: c_in,
-                ..op("linear (keeps its input)", c_in, c_in, k)
-            });
-            weights += c_in * k + k;
-            (ops, weights, bn, bn, largest.max(c_in * k))
-        }
-    }
-}
-
-/// Bytes per element: activations in the compute dtype, max-pool indices, parameters.
-#[derive(Clone, Copy)]
-struct Bytes {
-    compute: u64,
-    index: u64,
-    param: u64,
-}
-
-/// Bytes alive at the peak of backward beyond what the end of forward holds: walking the tape
-/// backwards, each op's saved tensors are freed after it, while the gradient arriving at its
-/// output and the one it produces for its input are alive. `bf16_f32` adds the f32 copies that
-/// the CPU backend's bf16 kernels make (Flex converts bf16 arguments to f32), `cpu` the
-/// realigned copies of [`Op::cpu_copy`].
-/// With `accumulating`, an op that adds its weight gradient into the window's sum (which the
-/// model state counts) leaves nothing more alive.
-fn backward_excess(
-    ops: &[Op],
-    b: u64,
-    bytes: Bytes,
-    (bf16_f32, cpu, accumulating): (bool, bool, bool),
-) -> u64 {
-    let Bytes {
-        compute,
-        index,
-        param,
-    } = bytes;
-    let saved = |o: &Op| o.saved_bytes(b, compute, index);
+/// Bytes alive at the peak of backward beyond what the end of forward holds: walking the ops
+/// backwards, each op's saved tensors are freed after its backward, while that backward has
+/// its gradients and scratch alive ([`Footprint::backward`]). Under checkpointing a dropped
+/// ReLU output is alive again in the backward that recomputes it. With `accumulating`, an op
+/// that adds its weight gradient into the window's sum (which the model state counts) leaves
+/// nothing more alive; otherwise that gradient stays, `param` bytes an element.
+fn backward_excess(ops: &[Footprint], checkpointed: bool, param: u64, accumulating: bool) -> u64 {
+    let dropped = |f: &Footprint| if checkpointed { f.recomputable } else { 0 };
+    let saved = |f: &Footprint| f.saved - dropped(f);
     let mut alive: u64 = ops.iter().map(saved).sum();
     let forward_end = alive;
     let mut peak = forward_end;
-    for o in ops.iter().rev() {
-        let slice = match (cpu, o.cpu_slice) {
-            (true, Some(slice)) => slice,
-            _ => o.slice,
-        };
-        let mut in_flight = (b * (o.output + o.input + o.scratch) + slice) * compute;
-        if o.after_relu && o.saves == 0 {
-            // Checkpointed: the ReLU output is recomputed for this op's backward.
-            in_flight += b * o.input * compute;
-        }
-        if bf16_f32 {
-            in_flight += b * o.bf16_f32 * 4;
-        }
-        if cpu {
-            // Under bf16 the f32 result and its realigned copy (8 bytes) come before the bf16
-            // output (2 bytes), and `bf16_f32` already counts one f32 copy: 2 more.
-            in_flight += b * o.cpu_copy * if bf16_f32 { 2 } else { 4 };
-        }
-        if o.weight_sum > 0 {
-            // Before its input gradient, the op sums its weight gradient over slices. On a
-            // GPU: the f32 sum and the add's result beside a slice's product. On the CPU gemm
-            // adds into the sum in place, and in half precision the sum is rounded through the
-            // compute dtype at the end (f32 and half, then half and f32).
-            let each = match (cpu, compute) {
-                (true, 2) => 6,
-                (true, _) => 4,
-                (false, c) => 8 + c,
-            };
-            in_flight = in_flight.max(b * o.output * compute + o.weight_sum * each);
-        }
-        peak = peak.max(alive + in_flight);
+    for f in ops.iter().rev() {
+        peak = peak.max(alive + f.backward + dropped(f));
         // The op's weight gradient stays in the graph's gradients until backward ends, unless
-        // it went into the window's sum at once (`oomlab_engine::Context::lend`).
+        // it went into the window's sum at once (`oomlab_engine::RunContext::lend`).
         let fresh = if accumulating {
             0
         } else {
-            o.weight_sum * param
+            f.weight_grad * param
         };
-        alive = alive - saved(o) + fresh;
+        alive = alive - saved(f) + fresh;
     }
     peak - forward_end
 }
@@ -487,14 +230,10 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
     let (compute, pbytes) = dtype_bytes(settings);
     let t = &settings.train;
     let b = t.batch_size as u64;
-    let (mut ops, weights, bn, buffers, largest) =
-        tape(&settings.model, settings.input_size, settings.num_classes);
-    if settings.memory.checkpointing == Checkpointing::Balanced {
-        // ReLU is memory-bound: its output is recomputed in backward from its kept input.
-        for o in ops.iter_mut().filter(|o| o.after_relu) {
-            o.saves = 0;
-        }
-    }
+    let plan = settings.model.plan();
+    let (weights, bn, largest) = (plan.weights(), plan.batch_norm(), plan.largest_weight());
+    let buffers = bn;
+    let checkpointed = settings.memory.checkpointing == Checkpointing::Balanced;
     let params = weights + bn;
     let line = |what: &str, elements: u64, bytes_each: u64| Line {
         what: what.into(),
@@ -530,17 +269,29 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         Target::CpuHeap => 8,
         Target::Device => 4,
     };
+    let sizes = Sizes {
+        batch: b,
+        compute,
+        index,
+        family: match target {
+            Target::CpuHeap => Family::Cpu,
+            Target::Device => Family::CubeCl,
+        },
+        bf16: mode == PrecisionMode::Bf16Mixed,
+    };
+    let ops = plan.footprints(&sizes);
     let mut activations: Vec<Line> = Vec::new();
-    for o in &ops {
-        let bytes = o.saved_bytes(b, compute, index);
-        let elements = b * (o.saves + o.indices + o.bytes);
+    for (p, f) in plan.layers.iter().zip(&ops) {
+        let dropped = if checkpointed { f.recomputable } else { 0 };
+        let bytes = f.saved - dropped;
+        let elements = f.saved_values - dropped / compute;
         match activations.last_mut() {
-            Some(last) if last.what == o.group => {
+            Some(last) if last.what == p.group => {
                 last.bytes += bytes;
                 last.elements += elements;
             }
             _ => activations.push(Line {
-                what: o.group.clone(),
+                what: p.group.clone(),
                 elements,
                 bytes,
             }),
@@ -555,12 +306,7 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
     ));
     let bf16_f32 = target == Target::CpuHeap && mode == PrecisionMode::Bf16Mixed;
     let cpu = target == Target::CpuHeap;
-    let bytes = Bytes {
-        compute,
-        index,
-        param: pbytes,
-    };
-    let excess = backward_excess(&ops, b, bytes, (bf16_f32, cpu, t.accum_steps > 1));
+    let excess = backward_excess(&ops, checkpointed, pbytes, t.accum_steps > 1);
     let what = if bf16_f32 {
         "backward: gradients in flight (+ CPU bf16 kernels' f32 copies)"
     } else {
@@ -577,7 +323,7 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         1 => params * pbytes,
         _ => 0,
     };
-    let floor = floor(settings, b, compute, index, logits, gradients, &least_state);
+    let floor = floor(settings, &sizes, logits, gradients, &least_state);
     let backward_peak: u64 = model_state
         .iter()
         .chain(&activations)
@@ -659,29 +405,24 @@ fn gemm_slabs() -> Line {
     }
 }
 
-/// The [`Floor`] of `settings`: its model state, and the worst instant of the fused tape's
-/// backward at micro-batch `b` (see [`crate::memory::floor`]).
+/// The [`Floor`] of `settings`: its model state, and the worst instant of the fused model's
+/// backward at `sizes` (see [`crate::memory::floor`]).
 fn floor(
     settings: &Settings,
-    b: u64,
-    compute: u64,
-    index: u64,
+    sizes: &Sizes,
     logits: u64,
     gradients: u64,
     model_state: &[Line],
 ) -> Floor {
-    let fused = settings.model.clone().fused(true);
-    let (ops, ..) = tape(&fused, settings.input_size, settings.num_classes);
-    let saved = |o: &Op| o.saved_bytes(b, compute, index);
+    let ops = settings.model.clone().fused(true).plan().footprints(sizes);
     // Walking backward: before an op's backward, it and every op before it still hold theirs.
-    let mut alive: u64 = ops.iter().map(saved).sum::<u64>() + logits;
+    let mut alive: u64 = ops.iter().map(|f| f.saved).sum::<u64>() + logits;
     let (mut worst_saved, mut worst_gradient) = (alive, 0);
-    for o in ops.iter().rev() {
-        let gradient = b * o.output * compute;
-        if alive + gradient > worst_saved + worst_gradient {
-            (worst_saved, worst_gradient) = (alive, gradient);
+    for f in ops.iter().rev() {
+        if alive + f.output_grad > worst_saved + worst_gradient {
+            (worst_saved, worst_gradient) = (alive, f.output_grad);
         }
-        alive -= saved(o);
+        alive -= f.saved;
     }
     Floor {
         model_state: model_state.iter().map(|l| l.bytes).sum(),

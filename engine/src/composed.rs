@@ -1,0 +1,99 @@
+//! What Burn's own ops keep for backward, read from burn-autodiff 0.21: conv2d and linear keep
+//! their input and weight; ReLU keeps its input; max-pool keeps its input and the argmax
+//! indices; adaptive average pooling keeps its input; an add keeps nothing; casts keep
+//! nothing. Their backward has the output's and the input's gradient alive, and on the CPU
+//! the copies Flex's kernels make (see [`Sizes`]).
+
+use crate::footprint::{Footprint, Sizes};
+
+/// Only the part of `saved` that is a ReLU's output can be recomputed instead of kept.
+fn recomputable(relu_input: bool, bytes: u64) -> u64 {
+    if relu_input {
+        bytes
+    } else {
+        0
+    }
+}
+
+/// `conv2d`: keeps its input. On the CPU in bf16, its input and weight gradients each convert
+/// the input and the output gradient to f32. Counted with an input gradient even for the
+/// first layer (whose backward is never the peak).
+pub(crate) fn conv2d(s: &Sizes, input: u64, output: u64, relu_input: bool) -> Footprint {
+    let saved = s.acts(input);
+    Footprint {
+        saved,
+        saved_values: s.batch * input,
+        recomputable: recomputable(relu_input, saved),
+        backward: s.acts(input + output) + s.cpu_bf16_f32(2 * (input + output)),
+        weight_grad: 0,
+        output_grad: s.acts(output),
+    }
+}
+
+/// ReLU: keeps its input.
+pub(crate) fn relu(s: &Sizes, elements: u64) -> Footprint {
+    Footprint {
+        saved: s.acts(elements),
+        saved_values: s.batch * elements,
+        recomputable: 0,
+        backward: s.acts(2 * elements),
+        weight_grad: 0,
+        output_grad: s.acts(elements),
+    }
+}
+
+/// Max-pool with indices: keeps its input and one backend int per output. On the CPU in bf16
+/// the input and the output gradient are converted, and the input gradient made in f32.
+pub(crate) fn max_pool(s: &Sizes, input: u64, output: u64, relu_input: bool) -> Footprint {
+    let kept = s.acts(input);
+    Footprint {
+        saved: kept + s.batch * output * s.index,
+        saved_values: s.batch * (input + output),
+        recomputable: recomputable(relu_input, kept),
+        backward: s.acts(input + output) + s.cpu_bf16_f32(2 * input + output),
+        weight_grad: 0,
+        output_grad: s.acts(output),
+    }
+}
+
+/// Adaptive average pooling to one value per channel: keeps its input.
+pub(crate) fn global_pool(s: &Sizes, input: u64, channels: u64, relu_input: bool) -> Footprint {
+    let saved = s.acts(input);
+    Footprint {
+        saved,
+        saved_values: s.batch * input,
+        recomputable: recomputable(relu_input, saved),
+        backward: s.acts(input + channels),
+        weight_grad: 0,
+        output_grad: s.acts(channels),
+    }
+}
+
+/// Linear: keeps its input. On the CPU the input gradient's matmul output is copied once to be
+/// realigned, and in bf16 the weight gradient's matmul converts the input and the output
+/// gradient.
+pub(crate) fn linear(s: &Sizes, input: u64, output: u64) -> Footprint {
+    Footprint {
+        saved: s.acts(input),
+        saved_values: s.batch * input,
+        recomputable: 0,
+        backward: s.acts(input + output)
+            + s.cpu_bf16_f32(input + output)
+            + s.cpu_matmul_copy(input),
+        weight_grad: 0,
+        output_grad: s.acts(output),
+    }
+}
+
+/// An element-wise add (a residual connection): keeps nothing; its backward hands the output
+/// gradient to both inputs.
+pub(crate) fn add(s: &Sizes, elements: u64) -> Footprint {
+    Footprint {
+        saved: 0,
+        saved_values: 0,
+        recomputable: 0,
+        backward: s.acts(elements),
+        weight_grad: 0,
+        output_grad: s.acts(elements),
+    }
+}

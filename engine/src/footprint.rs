@@ -1,0 +1,266 @@
+//! What a model's forward pass holds for backward, op by op: the memory estimate's input.
+//!
+//! A model describes its forward as a [`Plan`]: the ops it runs, in order, each with its
+//! per-image shapes and parameters ([`Layer`]). Each op states, beside its own code, what it
+//! keeps for backward and what its backward has alive ([`Footprint`]) on each backend family,
+//! where the kernels differ; Burn's own ops are stated in `composed.rs`, read from
+//! burn-autodiff 0.21. The estimator walks a plan and adds these up; it knows no model.
+
+use crate::{batch_norm, composed, conv_bn_relu, conv_relu_pool, sliced_linear};
+
+/// Which kernels run an op, where they hold different bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// Flex and the `flex-kernels` crate.
+    Cpu,
+    /// CubeCL (CUDA, wgpu).
+    CubeCl,
+}
+
+/// The units a footprint is counted in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    /// Images in the micro-batch.
+    pub batch: u64,
+    /// Bytes per activation element (the compute dtype).
+    pub compute: u64,
+    /// Bytes per max-pool index (the backend's int: i64 on Flex, i32 on CubeCL).
+    pub index: u64,
+    /// Which kernels run the ops.
+    pub family: Family,
+    /// Whether the compute dtype is bf16 (the CPU runs its bf16 ops through f32 copies).
+    pub bf16: bool,
+}
+
+impl Sizes {
+    /// Bytes of `elements` activation values per image, for the whole batch.
+    pub fn acts(&self, elements: u64) -> u64 {
+        self.batch * elements * self.compute
+    }
+
+    /// Bytes of the f32 copies the CPU's bf16 path makes of `elements` values per image
+    /// (none elsewhere).
+    pub fn cpu_bf16_f32(&self, elements: u64) -> u64 {
+        match (self.family, self.bf16) {
+            (Family::Cpu, true) => self.batch * elements * 4,
+            _ => 0,
+        }
+    }
+
+    /// Bytes of the realigning copy the CPU's matmul makes of its `elements`-per-image output
+    /// (Flex makes it as a byte buffer and copies it; in bf16 after an f32 copy the bf16 path
+    /// already counts); none on CubeCL.
+    pub fn cpu_matmul_copy(&self, elements: u64) -> u64 {
+        match (self.family, self.bf16) {
+            (Family::Cpu, true) => self.batch * elements * 2,
+            (Family::Cpu, false) => self.batch * elements * 4,
+            (Family::CubeCl, _) => 0,
+        }
+    }
+}
+
+/// What one op holds, in bytes, at a micro-batch (see [`Sizes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Kept from its forward until its own backward.
+    pub saved: u64,
+    /// Values (activations, indices, bytes) in `saved`, for the estimate's element counts.
+    pub saved_values: u64,
+    /// The part of `saved` that is a ReLU's output: activation checkpointing drops it and the
+    /// op's backward recomputes it (alive then instead).
+    pub recomputable: u64,
+    /// Alive during its backward beside what earlier ops keep: its output's gradient, its
+    /// input's, and what the backward makes.
+    pub backward: u64,
+    /// Parameter elements whose fresh gradient the op makes in backward and the graph holds
+    /// until backward ends (unless it goes into a lent window sum at once).
+    pub weight_grad: u64,
+    /// Its output's gradient.
+    pub output_grad: u64,
+}
+
+/// One op of a forward pass, with its per-image sizes (elements) and its parameters: `input`
+/// and `output` values per image, `weight` and `bias` elements, batch-norm `channels`.
+// Each variant's doc names its fields; a doc line per field would repeat the one above.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layer {
+    /// Burn's conv2d: `weight` elements (and `bias`), `input` → `output` values per image.
+    Conv {
+        input: u64,
+        output: u64,
+        weight: u64,
+        bias: u64,
+    },
+    /// Burn's ReLU over `elements` values per image.
+    Relu { elements: u64 },
+    /// Burn's max-pool with indices, `input` → `output` values per image.
+    MaxPool { input: u64, output: u64 },
+    /// The engine's batch norm ([`batch_norm`](crate::batch_norm)) over `elements` values per
+    /// image, `channels` of them.
+    BatchNorm { elements: u64, channels: u64 },
+    /// Burn's adaptive average pool to one value per channel.
+    GlobalPool { input: u64, channels: u64 },
+    /// Burn's linear layer.
+    Linear {
+        input: u64,
+        output: u64,
+        weight: u64,
+        bias: u64,
+    },
+    /// The fused [conv → BN → ReLU](crate::conv_bn_relu).
+    ConvBnRelu {
+        input: u64,
+        output: u64,
+        weight: u64,
+        channels: u64,
+    },
+    /// The fused [conv → ReLU → max-pool](crate::conv_relu_pool); `conv` values per image of
+    /// the full-resolution conv output, `output` pooled ones.
+    ConvReluPool {
+        input: u64,
+        conv: u64,
+        output: u64,
+        weight: u64,
+        bias: u64,
+    },
+    /// The [sliced linear layer](crate::sliced_linear).
+    SlicedLinear {
+        input: u64,
+        output: u64,
+        weight: u64,
+        bias: u64,
+    },
+    /// Burn's element-wise add of two `elements`-value tensors (a residual connection).
+    Add { elements: u64 },
+}
+
+/// A [`Layer`] with the name the estimate shows for it (layers of one name are one line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    /// The line it is counted in.
+    pub group: String,
+    /// The op.
+    pub layer: Layer,
+}
+
+/// A model's forward pass as the estimate reads it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// The ops, in forward order.
+    pub layers: Vec<Planned>,
+}
+
+impl Plan {
+    /// Adds `layer`, counted in the line `group`.
+    pub fn push(&mut self, group: impl Into<String>, layer: Layer) {
+        self.layers.push(Planned {
+            group: group.into(),
+            layer,
+        });
+    }
+
+    /// Trainable conv and linear elements (weights and biases).
+    pub fn weights(&self) -> u64 {
+        self.layers.iter().map(|p| p.layer.weights()).sum()
+    }
+
+    /// Trainable batch-norm elements (γ and β); the running statistics are as many.
+    pub fn batch_norm(&self) -> u64 {
+        self.layers.iter().map(|p| 2 * p.layer.channels()).sum()
+    }
+
+    /// Elements of the largest single weight tensor (the optimizer step replaces one at a
+    /// time).
+    pub fn largest_weight(&self) -> u64 {
+        let largest = |l: &Layer| match *l {
+            Layer::Conv { weight, .. }
+            | Layer::Linear { weight, .. }
+            | Layer::ConvBnRelu { weight, .. }
+            | Layer::ConvReluPool { weight, .. }
+            | Layer::SlicedLinear { weight, .. } => weight,
+            _ => 0,
+        };
+        self.layers
+            .iter()
+            .map(|p| largest(&p.layer))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Each op's footprint at `sizes`, in forward order.
+    pub fn footprints(&self, sizes: &Sizes) -> Vec<Footprint> {
+        let mut out = Vec::with_capacity(self.layers.len());
+        let mut previous: Option<&Layer> = None;
+        for p in &self.layers {
+            out.push(p.layer.footprint(sizes, previous));
+            previous = Some(&p.layer);
+        }
+        out
+    }
+}
+
+impl Layer {
+    /// Trainable conv and linear elements.
+    fn weights(&self) -> u64 {
+        match *self {
+            Layer::Conv { weight, bias, .. }
+            | Layer::Linear { weight, bias, .. }
+            | Layer::ConvReluPool { weight, bias, .. }
+            | Layer::SlicedLinear { weight, bias, .. } => weight + bias,
+            Layer::ConvBnRelu { weight, .. } => weight,
+            _ => 0,
+        }
+    }
+
+    /// Batch-norm channels.
+    fn channels(&self) -> u64 {
+        match *self {
+            Layer::BatchNorm { channels, .. } | Layer::ConvBnRelu { channels, .. } => channels,
+            _ => 0,
+        }
+    }
+
+    /// Whether its output is a ReLU's (what checkpointing recomputes in the next op).
+    fn relu_output(&self) -> bool {
+        matches!(self, Layer::Relu { .. } | Layer::ConvBnRelu { .. })
+    }
+
+    /// Whether it keeps its own output for backward (an op reading it keeps no second copy).
+    /// Each op's footprint is derived from its own shapes; the first op's input (the images)
+    /// gets no gradient.
+    fn keeps_output(&self) -> bool {
+        matches!(self, Layer::ConvReluPool { .. })
+    }
+
+    /// The op's footprint at `sizes`, after `previous` (whose output is its input).
+    pub fn footprint(&self, s: &Sizes, previous: Option<&Layer>) -> Footprint {
+        let relu_input = previous.is_some_and(Layer::relu_output);
+        let shared_input = previous.is_some_and(Layer::keeps_output);
+        let input_grad = previous.is_some();
+        match *self {
+            Layer::Conv { input, output, .. } => composed::conv2d(s, input, output, relu_input),
+            Layer::Relu { elements } => composed::relu(s, elements),
+            Layer::MaxPool { input, output } => composed::max_pool(s, input, output, relu_input),
+            Layer::BatchNorm { elements, .. } => batch_norm::footprint(s, elements),
+            Layer::GlobalPool { input, channels } => {
+                composed::global_pool(s, input, channels, relu_input)
+            }
+            Layer::Linear { input, output, .. } => composed::linear(s, input, output),
+            Layer::ConvBnRelu { input, output, .. } => conv_bn_relu::footprint(s, input, output),
+            Layer::ConvReluPool {
+                input,
+                conv,
+                output,
+                ..
+            } => conv_relu_pool::footprint(s, input, conv, output, input_grad),
+            Layer::SlicedLinear {
+                input,
+                output,
+                weight,
+                ..
+            } => sliced_linear::footprint(s, input, output, weight, shared_input),
+            Layer::Add { elements } => composed::add(s, elements),
+        }
+    }
+}
