@@ -229,6 +229,22 @@ pub fn max_pool2d<B: Backend>(x: Tensor<B, 4>, size: usize) -> Tensor<B, 4> {
     module::max_pool2d(x, [size, size], [size, size], [0, 0], [1, 1], false)
 }
 
+/// Max pooling with a square `size` window moved by `stride` over an input padded by
+/// `padding` on every side; the padding never wins a window (torchvision's ImageNet stem:
+/// 3, 2, 1).
+///
+/// # Shapes
+/// `[batch, c, h, w]` → `[batch, c, (h + 2·padding − size) / stride + 1, …]`
+pub fn max_pool2d_padded<B: Backend>(
+    x: Tensor<B, 4>,
+    size: usize,
+    stride: usize,
+    padding: usize,
+) -> Tensor<B, 4> {
+    let [size, stride, padding] = [[size; 2], [stride; 2], [padding; 2]];
+    module::max_pool2d(x, size, stride, padding, [1, 1], false)
+}
+
 /// Global average pooling to `[batch, channels]`.
 pub fn global_avg_pool<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 2> {
     let [batch, channels, _, _] = x.dims();
