@@ -20,13 +20,12 @@
 //! [`ResNetConfig::blocks`] the list of blocks that [`ResNetConfig::init`] builds, for anything
 //! (a memory estimate) that must walk the same network.
 
-use burn::nn::conv::{Conv2d, Conv2dConfig};
-use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
+use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 
 use oomlab_engine::{mark, Boundary, ModelBackend, RunContext};
 
-use crate::layers;
+use crate::layers::{self, ConvBn};
 
 /// Which residual block a depth stacks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -354,7 +353,7 @@ impl ResNetConfig {
         let features = blocks.last().map_or(stem_out, |b| b.c_out);
         let [layer1, layer2, layer3, layer4] = stages;
         Ok(ResNet {
-            stem: ConvBn::new(3, stem_out, kernel, stride, device, self.fuse),
+            stem: ConvBn::new(3, stem_out, kernel, stride, 1, device).fused(self.fuse),
             max_pool: self.stem.max_pool(),
             layer1,
             layer2,
@@ -363,64 +362,6 @@ impl ResNetConfig {
             fc: LinearConfig::new(features, self.num_classes).init(device),
             fuse: self.fuse,
         })
-    }
-}
-
-/// Conv (no bias) → BatchNorm, with or without the ReLU after.
-#[derive(Module, Debug)]
-pub struct ConvBn<B: Backend> {
-    conv: Conv2d<B>,
-    bn: BatchNorm<B>,
-    fuse: bool,
-}
-
-impl<B: Backend> ConvBn<B> {
-    fn new(
-        c_in: usize,
-        c_out: usize,
-        kernel: usize,
-        stride: usize,
-        device: &B::Device,
-        fuse: bool,
-    ) -> Self {
-        let pad = kernel / 2;
-        Self {
-            conv: Conv2dConfig::new([c_in, c_out], [kernel, kernel])
-                .with_stride([stride, stride])
-                .with_padding(PaddingConfig2d::Explicit(pad, pad, pad, pad))
-                .with_bias(false)
-                .init(device),
-            bn: BatchNormConfig::new(c_out).init(device),
-            fuse,
-        }
-    }
-
-    /// Elements of the batch norm's running mean and variance: state, not parameters.
-    fn buffers(&self) -> usize {
-        2 * self.bn.running_mean.value().dims()[0]
-    }
-}
-
-impl<B: ModelBackend> ConvBn<B> {
-    /// Conv → BN → ReLU: one op when fused.
-    ///
-    /// # Shapes
-    /// `[batch, c_in, h, w]` → `[batch, c_out, h / stride, w / stride]`
-    pub fn forward(&self, x: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 4> {
-        if self.fuse {
-            return layers::conv_bn_relu(cx, &self.conv, &self.bn, x);
-        }
-        layers::relu(self.forward_no_relu(x, cx))
-    }
-
-    /// Conv → BN, the end of a branch that the residual addition reads: the engine's batch
-    /// norm op, fused or not.
-    ///
-    /// # Shapes
-    /// `[batch, c_in, h, w]` → `[batch, c_out, h / stride, w / stride]`
-    pub fn forward_no_relu(&self, x: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 4> {
-        let x = layers::conv2d(cx, &self.conv, x);
-        layers::batch_norm(cx, &self.bn, x)
     }
 }
 
@@ -463,8 +404,9 @@ impl<B: Backend> Residual<B> {
             stride,
             ..
         } = spec;
-        let conv =
-            |c_in, c_out, kernel, stride| ConvBn::new(c_in, c_out, kernel, stride, device, fuse);
+        let conv = |c_in, c_out, kernel, stride| {
+            ConvBn::new(c_in, c_out, kernel, stride, 1, device).fused(fuse)
+        };
         let downsample = spec.downsample().then(|| conv(c_in, c_out, 1, stride));
         match spec.kind {
             BlockKind::Basic => Self::Basic(BasicBlock {
@@ -579,11 +521,8 @@ impl<B: ModelBackend> ResNet<B> {
     pub fn forward(&self, images: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 2> {
         let x = layers::global_avg_pool(self.features(images, cx)); // [B, 512α·expansion]
         let x = mark(x, Boundary("pool"), cx);
-        let x = match self.fuse {
-            true => layers::linear_fused(cx, &self.fc, x),
-            false => layers::linear(cx, &self.fc, x),
-        };
-        let x = mark(x, Boundary("fc"), cx); // [B, classes]
+        let x = layers::classifier(cx, &self.fc, x, self.fuse); // [B, classes]
+        let x = mark(x, Boundary("fc"), cx);
         cx.precision.output(x)
     }
 }
