@@ -5,9 +5,9 @@
 //! `burn::tensor::module`. The modules themselves stay plain `burn::nn` types, so records and
 //! optimizers see ordinary f32 parameters.
 
-use burn::module::RunningState;
-use burn::nn::conv::Conv2d;
-use burn::nn::{BatchNorm, Linear, PaddingConfig2d};
+use burn::module::{Module, RunningState};
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::{BatchNorm, BatchNormConfig, Linear, PaddingConfig2d};
 use burn::tensor::module;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{activation, backend::Backend, Tensor, TensorMetadata, TensorPrimitive};
@@ -120,6 +120,22 @@ pub fn linear_fused<B: ModelBackend>(
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
+/// A model's classifier: [`linear_fused`] with `fuse`, else [`linear`].
+///
+/// # Shapes
+/// `[batch, in]` → `[batch, out]`
+pub fn classifier<B: ModelBackend>(
+    cx: &RunContext,
+    layer: &Linear<B>,
+    x: Tensor<B, 2>,
+    fuse: bool,
+) -> Tensor<B, 2> {
+    match fuse {
+        true => linear_fused(cx, layer, x),
+        false => linear(cx, layer, x),
+    }
+}
+
 /// Batch norm computed in the policy's batch-norm dtype; the result returns in the dtype it
 /// came in, so the next layer sees what it expects.
 ///
@@ -191,6 +207,72 @@ pub fn conv_bn_relu<B: ModelBackend>(
     update_running(bn, out, n * h * w)
 }
 
+/// Conv (no bias) → batch norm, with the ReLU after ([`forward`](Self::forward)) or without
+/// ([`forward_no_relu`](Self::forward_no_relu), for a branch that a residual addition reads).
+/// The batch norm's shift makes a conv bias redundant.
+#[derive(Module, Debug)]
+pub struct ConvBn<B: Backend> {
+    conv: Conv2d<B>,
+    bn: BatchNorm<B>,
+    fuse: bool,
+}
+
+impl<B: Backend> ConvBn<B> {
+    /// A `kernel`×`kernel` conv padded by `kernel / 2`, composed (see [`fused`](Self::fused)).
+    pub fn new(
+        c_in: usize,
+        c_out: usize,
+        kernel: usize,
+        stride: usize,
+        groups: usize,
+        device: &B::Device,
+    ) -> Self {
+        let pad = kernel / 2;
+        Self {
+            conv: Conv2dConfig::new([c_in, c_out], [kernel, kernel])
+                .with_stride([stride, stride])
+                .with_padding(PaddingConfig2d::Explicit(pad, pad, pad, pad))
+                .with_groups(groups)
+                .with_bias(false)
+                .init(device),
+            bn: BatchNormConfig::new(c_out).init(device),
+            fuse: false,
+        }
+    }
+
+    /// With `fuse`, conv → BN → ReLU runs as one op ([`conv_bn_relu`]).
+    pub fn fused(self, fuse: bool) -> Self {
+        Self { fuse, ..self }
+    }
+
+    /// Elements of the batch norm's running mean and variance: state, not parameters.
+    pub fn buffers(&self) -> usize {
+        2 * self.bn.running_mean.value().dims()[0]
+    }
+}
+
+impl<B: ModelBackend> ConvBn<B> {
+    /// Conv → BN → ReLU: one op when fused.
+    ///
+    /// # Shapes
+    /// `[batch, c_in, h, w]` → `[batch, c_out, h / stride, w / stride]`
+    pub fn forward(&self, x: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 4> {
+        if self.fuse {
+            return conv_bn_relu(cx, &self.conv, &self.bn, x);
+        }
+        relu(self.forward_no_relu(x, cx))
+    }
+
+    /// Conv → BN: the engine's batch norm op, fused or not (no ReLU follows to fuse).
+    ///
+    /// # Shapes
+    /// `[batch, c_in, h, w]` → `[batch, c_out, h / stride, w / stride]`
+    pub fn forward_no_relu(&self, x: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 4> {
+        let x = conv2d(cx, &self.conv, x);
+        batch_norm(cx, &self.bn, x)
+    }
+}
+
 /// Folds a training batch's statistics into `layer`'s running averages, as PyTorch's
 /// `BatchNorm2d` does: momentum, and the *unbiased* batch variance (× n/(n−1), n = batch ×
 /// height × width, the `count`), while the batch itself was normalised with the biased one.
@@ -227,6 +309,22 @@ pub fn relu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
 /// Non-overlapping max pooling with a square window.
 pub fn max_pool2d<B: Backend>(x: Tensor<B, 4>, size: usize) -> Tensor<B, 4> {
     module::max_pool2d(x, [size, size], [size, size], [0, 0], [1, 1], false)
+}
+
+/// Max pooling with a square `size` window moved by `stride` over an input padded by
+/// `padding` on every side; the padding never wins a window (torchvision's ImageNet stem:
+/// 3, 2, 1).
+///
+/// # Shapes
+/// `[batch, c, h, w]` → `[batch, c, (h + 2·padding − size) / stride + 1, …]`
+pub fn max_pool2d_padded<B: Backend>(
+    x: Tensor<B, 4>,
+    size: usize,
+    stride: usize,
+    padding: usize,
+) -> Tensor<B, 4> {
+    let [size, stride, padding] = [[size; 2], [stride; 2], [padding; 2]];
+    module::max_pool2d(x, size, stride, padding, [1, 1], false)
 }
 
 /// Global average pooling to `[batch, channels]`.

@@ -1,4 +1,5 @@
-//! Models for oomlab: the seed article's [`SimpleModel`] and a MobileNetV1 ([`MobileNet`]).
+//! Models for oomlab: the seed article's [`SimpleModel`], a MobileNetV1 ([`MobileNet`]) and
+//! ResNet-18/34/50 ([`ResNet`]).
 //!
 //! The only place a network is defined. Each is generic over a backend the engine runs
 //! ([`ModelBackend`]) and takes the run's [`RunContext`] in `forward`: its precision policy
@@ -9,8 +10,12 @@
 
 pub mod layers;
 pub mod mobilenet;
+pub mod resnet;
 pub mod simple;
 
 pub use mobilenet::{MobileNet, MobileNetConfig, MobileNetError};
 pub use oomlab_engine::{ModelBackend, Precision, RunContext};
+pub use resnet::{
+    Architecture, BlockKind, BlockSpec, ResNet, ResNetConfig, ResNetError, Stage, Stem,
+};
 pub use simple::{SimpleModel, SimpleModelConfig};

@@ -8,7 +8,7 @@ use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Distribution, Tensor};
-use burn_models::{MobileNetConfig, ModelBackend, Precision, SimpleModelConfig};
+use burn_models::{MobileNetConfig, ModelBackend, Precision, ResNetConfig, SimpleModelConfig};
 use oomlab_engine::{Boundary, Pass, RunContext};
 
 /// The crossings a listener heard, in order.
@@ -103,6 +103,33 @@ fn mobilenet_boundaries_survive_activation_checkpointing() {
     backward.reverse();
     assert_eq!(forward, backward);
     assert_eq!(forward[..2], ["stem", "block1"]);
+}
+
+/// ResNet's boundaries carry torchvision's module names; each block's output is read twice
+/// (the next block's branch and its identity) and still heard once each way.
+#[test]
+fn resnet_boundaries_are_torchvisions_names_in_order() {
+    type B = Autodiff<Flex>;
+    let device = Default::default();
+    <B as burn::tensor::backend::Backend>::seed(&device, 7);
+    let model = ResNetConfig::cifar()
+        .with_width_multiplier(0.125)
+        .with_input_size(16)
+        .with_fuse(true)
+        .init::<B>(&device)
+        .unwrap();
+    let x = Tensor::<B, 4>::random([2, 3, 16, 16], Distribution::Normal(0.0, 1.0), &device);
+    let p = Precision::mixed(DType::F16, true);
+    let silent = pass(|x| model.forward(x, &RunContext::new(p)), x.clone());
+    let (listened, log) = heard(p, |cx| pass(|x| model.forward(x, cx), x));
+    assert_eq!(listened, silent, "a boundary changed a value or a gradient");
+    let names = [
+        "stem", "layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer3.0", "layer3.1", "layer4.0",
+        "layer4.1", "pool", "fc",
+    ];
+    let forward = names.iter().map(|&n| (n, Pass::Forward));
+    let backward = names.iter().rev().map(|&n| (n, Pass::Backward));
+    assert_eq!(log, forward.chain(backward).collect::<Vec<_>>());
 }
 
 /// Two runs in one process, at the same time: each context hears its own model's crossings

@@ -10,7 +10,8 @@ mod boundary;
 mod flex;
 /// The fused blocks against the composed layers: the same bits forward and backward.
 mod fused;
-/// Parameter counts against the article, the paper and Keras; output shapes; bad configs.
+/// Parameter counts against the article, the paper, Keras and torchvision; output shapes; bad
+/// configs.
 mod shapes;
 
 use burn_models::{Precision, RunContext};
