@@ -10,13 +10,12 @@
 //! each conv + BN + ReLU is one op ([`conv_bn_relu`](oomlab_engine::conv_bn_relu)) that keeps two
 //! tensors for backward instead of three.
 
-use burn::nn::conv::{Conv2d, Conv2dConfig};
-use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
+use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 
 use oomlab_engine::{mark, Boundary, Layer, ModelBackend, Plan, RunContext};
 
-use crate::layers;
+use crate::layers::{self, ConvBn};
 
 /// The 13 depthwise-separable blocks of Table 1: `(out_channels at α = 1, stride)`.
 pub const BLOCKS: [(usize, usize); 13] = [
@@ -226,59 +225,6 @@ impl MobileNetConfig {
     }
 }
 
-/// Conv (no bias) → BatchNorm → ReLU.
-#[derive(Module, Debug)]
-pub struct ConvBn<B: Backend> {
-    conv: Conv2d<B>,
-    bn: BatchNorm<B>,
-    fuse: bool,
-}
-
-impl<B: Backend> ConvBn<B> {
-    fn new(
-        c_in: usize,
-        c_out: usize,
-        kernel: usize,
-        stride: usize,
-        groups: usize,
-        device: &B::Device,
-    ) -> Self {
-        let pad = kernel / 2;
-        Self {
-            conv: Conv2dConfig::new([c_in, c_out], [kernel, kernel])
-                .with_stride([stride, stride])
-                .with_padding(PaddingConfig2d::Explicit(pad, pad, pad, pad))
-                .with_groups(groups)
-                .with_bias(false)
-                .init(device),
-            bn: BatchNormConfig::new(c_out).init(device),
-            fuse: false,
-        }
-    }
-
-    fn fused(self, fuse: bool) -> Self {
-        Self { fuse, ..self }
-    }
-
-    /// Elements of the batch norm's running mean and variance: state, not parameters.
-    fn buffers(&self) -> usize {
-        2 * self.bn.running_mean.value().dims()[0]
-    }
-}
-
-impl<B: ModelBackend> ConvBn<B> {
-    /// # Shapes
-    /// `[batch, c_in, h, w]` → `[batch, c_out, h / stride, w / stride]`
-    pub fn forward(&self, x: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 4> {
-        if self.fuse {
-            return layers::conv_bn_relu(cx, &self.conv, &self.bn, x);
-        }
-        let x = layers::conv2d(cx, &self.conv, x);
-        let x = layers::batch_norm(cx, &self.bn, x);
-        layers::relu(x)
-    }
-}
-
 /// Depthwise 3×3 conv + BN + ReLU, then pointwise 1×1 conv + BN + ReLU.
 #[derive(Module, Debug)]
 pub struct DepthwiseSeparable<B: Backend> {
@@ -353,10 +299,7 @@ impl<B: ModelBackend> MobileNet<B> {
     pub fn forward(&self, images: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 2> {
         let x = layers::global_avg_pool(self.features(images, cx)); // [B, 1024α]
         let x = mark(x, Boundary("pool"), cx);
-        let x = match self.fuse {
-            true => layers::linear_fused(cx, &self.fc, x),
-            false => layers::linear(cx, &self.fc, x),
-        };
+        let x = layers::classifier(cx, &self.fc, x, self.fuse);
         let x = mark(x, Boundary("fc"), cx); // [B, classes]
         cx.precision.output(x)
     }
