@@ -15,14 +15,21 @@ fn recomputable(relu_input: bool, bytes: u64) -> u64 {
     }
 }
 
-/// `conv2d`: keeps its input. On the CPU in bf16, its input and weight gradients each convert
-/// the input and the output gradient to f32. Counted with an input gradient even for the
-/// first layer (whose backward is never the peak).
-pub(crate) fn conv2d(s: &Sizes, input: u64, output: u64, relu_input: bool) -> Footprint {
-    let saved = s.acts(input);
+/// `conv2d`: keeps its input (counted by an earlier op when it keeps the same tensor:
+/// `shared_input`). On the CPU in bf16, its input and weight gradients each convert the input
+/// and the output gradient to f32. Counted with an input gradient even for the first layer
+/// (whose backward is never the peak).
+pub(crate) fn conv2d(
+    s: &Sizes,
+    input: u64,
+    output: u64,
+    relu_input: bool,
+    shared_input: bool,
+) -> Footprint {
+    let saved = if shared_input { 0 } else { s.acts(input) };
     Footprint {
         saved,
-        saved_values: s.batch * input,
+        saved_values: saved / s.compute,
         recomputable: recomputable(relu_input, saved),
         backward: s.acts(input + output) + s.cpu_bf16_f32(2 * (input + output)),
         weight_grad: 0,
@@ -43,14 +50,21 @@ pub(crate) fn relu(s: &Sizes, elements: u64) -> Footprint {
 }
 
 /// Max-pool with indices: keeps its input and one backend int per output. On the CPU in bf16
-/// the input and the output gradient are converted, and the input gradient made in f32.
+/// (Flex's `max_pool2d_backward_bf16`) the input and the output gradient are converted to f32
+/// and the input gradient made in f32, before the bf16 input gradient exists; then that f32
+/// gradient is rounded into it, its f32 operands gone.
 pub(crate) fn max_pool(s: &Sizes, input: u64, output: u64, relu_input: bool) -> Footprint {
     let kept = s.acts(input);
+    let in_f32 = s.acts(output) + s.cpu_bf16_f32(2 * input + output);
+    let rounding = s.acts(input + output) + s.cpu_bf16_f32(input);
     Footprint {
         saved: kept + s.batch * output * s.index,
         saved_values: s.batch * (input + output),
         recomputable: recomputable(relu_input, kept),
-        backward: s.acts(input + output) + s.cpu_bf16_f32(2 * input + output),
+        backward: match s.cpu_bf16_f32(1) {
+            0 => s.acts(input + output),
+            _ => in_f32.max(rounding),
+        },
         weight_grad: 0,
         output_grad: s.acts(output),
     }
@@ -86,13 +100,14 @@ pub(crate) fn linear(s: &Sizes, input: u64, output: u64) -> Footprint {
 }
 
 /// An element-wise add (a residual connection): keeps nothing; its backward hands the output
-/// gradient to both inputs.
+/// gradient to both inputs, and the identity's copy is alive beside the branch's gradients
+/// until the two meet again at the block's input.
 pub(crate) fn add(s: &Sizes, elements: u64) -> Footprint {
     Footprint {
         saved: 0,
         saved_values: 0,
         recomputable: 0,
-        backward: s.acts(elements),
+        backward: s.acts(2 * elements),
         weight_grad: 0,
         output_grad: s.acts(elements),
     }
