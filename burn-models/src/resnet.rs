@@ -23,7 +23,7 @@
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 
-use oomlab_engine::{mark, Boundary, ModelBackend, RunContext};
+use oomlab_engine::{mark, Boundary, Layer, ModelBackend, Plan, RunContext};
 
 use crate::layers::{self, ConvBn};
 
@@ -341,6 +341,106 @@ impl ResNetConfig {
         Ok(blocks)
     }
 
+    /// The forward pass as the memory estimate reads it: the stem, then the ops of each block
+    /// of [`blocks`](Self::blocks) (the list `init` builds from) in the order `forward` runs
+    /// them, with their per-image sizes. A config `init` refuses plans nothing.
+    pub fn plan(&self) -> Plan {
+        let mut plan = Plan::default();
+        let Ok(blocks) = self.blocks() else {
+            return plan;
+        };
+        let what = match self.fuse {
+            true => "fused conv+BN+ReLU, conv+BN inputs",
+            false => "conv, BN, ReLU inputs",
+        };
+        // A k×k conv padded by k/2 with stride s (and the stem's 3×3/2 max-pool padded by 1)
+        // maps a side to ⌈side / s⌉.
+        let mut side = self.input_size as u64;
+        let (kernel, stride) = self.stem.conv();
+        let c = self.channels(STEM_CHANNELS) as u64;
+        let input = 3 * side * side;
+        side = side.div_ceil(stride as u64);
+        let stem = format!("stem: {what}");
+        let weight = 3 * c * (kernel * kernel) as u64;
+        conv_bn(
+            &mut plan,
+            &stem,
+            [input, c * side * side, weight, c],
+            self.fuse,
+            true,
+        );
+        if self.stem.max_pool() {
+            let input = c * side * side;
+            side = side.div_ceil(2);
+            let output = c * side * side;
+            plan.push(stem, Layer::MaxPool { input, output });
+        }
+        for b in &blocks {
+            let group = format!("{}: {what}", b.name);
+            let (c_in, width, c_out) = (b.c_in as u64, b.width as u64, b.c_out as u64);
+            let input = c_in * side * side;
+            let after = side.div_ceil(b.stride as u64);
+            let (mid, out) = (width * after * after, c_out * after * after);
+            match b.kind {
+                BlockKind::Basic => {
+                    let conv1 = [input, mid, c_in * width * 9, width];
+                    conv_bn(&mut plan, &group, conv1, self.fuse, true);
+                    let conv2 = [mid, out, width * c_out * 9, c_out];
+                    conv_bn(&mut plan, &group, conv2, self.fuse, false);
+                }
+                BlockKind::Bottleneck => {
+                    let conv1 = [input, width * side * side, c_in * width, width];
+                    conv_bn(&mut plan, &group, conv1, self.fuse, true);
+                    let conv2 = [width * side * side, mid, width * width * 9, width];
+                    conv_bn(&mut plan, &group, conv2, self.fuse, true);
+                    let conv3 = [mid, out, width * c_out, c_out];
+                    conv_bn(&mut plan, &group, conv3, self.fuse, false);
+                }
+            }
+            if b.downsample() {
+                let conv = Layer::Conv {
+                    input,
+                    output: out,
+                    weight: c_in * c_out,
+                    bias: 0,
+                };
+                plan.push_branch(group.clone(), conv);
+                let bn = Layer::BatchNorm {
+                    elements: out,
+                    channels: c_out,
+                };
+                plan.push(group.clone(), bn);
+            }
+            plan.push(group.clone(), Layer::Add { elements: out });
+            plan.push(group, Layer::Relu { elements: out });
+            side = after;
+        }
+        let features = blocks.last().map_or(c, |b| b.c_out as u64);
+        let pool = Layer::GlobalPool {
+            input: features * side * side,
+            channels: features,
+        };
+        plan.push("global pool (keeps its input)", pool);
+        let k = self.num_classes as u64;
+        let (input, output, weight, bias) = (features, k, features * k, k);
+        let fc = match self.fuse {
+            true => Layer::SlicedLinear {
+                input,
+                output,
+                weight,
+                bias,
+            },
+            false => Layer::Linear {
+                input,
+                output,
+                weight,
+                bias,
+            },
+        };
+        plan.push("linear (keeps its input)", fc);
+        plan
+    }
+
     /// Builds the model on `device`.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<ResNet<B>, ResNetError> {
         let blocks = self.blocks()?;
@@ -362,6 +462,38 @@ impl ResNetConfig {
             fc: LinearConfig::new(features, self.num_classes).init(device),
             fuse: self.fuse,
         })
+    }
+}
+
+/// Conv (no bias) → BN, then a ReLU when `relu`, into `plan` as [`ConvBn`] runs them: one
+/// fused op for conv → BN → ReLU when `fuse`, else the composed ops. `[input, output, weight,
+/// channels]` in values per image and elements.
+fn conv_bn(plan: &mut Plan, group: &str, sizes: [u64; 4], fuse: bool, relu: bool) {
+    let [input, output, weight, channels] = sizes;
+    if fuse && relu {
+        let layer = Layer::ConvBnRelu {
+            input,
+            output,
+            weight,
+            channels,
+        };
+        plan.push(group, layer);
+        return;
+    }
+    let conv = Layer::Conv {
+        input,
+        output,
+        weight,
+        bias: 0,
+    };
+    plan.push(group, conv);
+    let bn = Layer::BatchNorm {
+        elements: output,
+        channels,
+    };
+    plan.push(group, bn);
+    if relu {
+        plan.push(group, Layer::Relu { elements: output });
     }
 }
 

@@ -135,6 +135,15 @@ pub enum Layer {
     Add { elements: u64 },
 }
 
+/// Where an op's input comes from.
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    /// The output of the op before it (`None`: the images, which get no gradient).
+    After(Option<&'a Layer>),
+    /// An earlier tensor that an earlier op keeps for backward.
+    Kept,
+}
+
 /// A [`Layer`] with the name the estimate shows for it (layers of one name are one line).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Planned {
@@ -142,6 +151,9 @@ pub struct Planned {
     pub group: String,
     /// The op.
     pub layer: Layer,
+    /// Whether its input is an earlier tensor than the previous op's output, one an earlier op
+    /// keeps already (a residual block's input, read again by its downsample branch).
+    pub reads_earlier: bool,
 }
 
 /// A model's forward pass as the estimate reads it.
@@ -152,11 +164,22 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Adds `layer`, counted in the line `group`.
+    /// Adds `layer`, reading the previous op's output, counted in the line `group`.
     pub fn push(&mut self, group: impl Into<String>, layer: Layer) {
         self.layers.push(Planned {
             group: group.into(),
             layer,
+            reads_earlier: false,
+        });
+    }
+
+    /// Adds `layer` reading an earlier tensor that an earlier op keeps (see
+    /// [`Planned::reads_earlier`]).
+    pub fn push_branch(&mut self, group: impl Into<String>, layer: Layer) {
+        self.layers.push(Planned {
+            group: group.into(),
+            layer,
+            reads_earlier: true,
         });
     }
 
@@ -193,7 +216,11 @@ impl Plan {
         let mut out = Vec::with_capacity(self.layers.len());
         let mut previous: Option<&Layer> = None;
         for p in &self.layers {
-            out.push(p.layer.footprint(sizes, previous));
+            let input = match p.reads_earlier {
+                true => Input::Kept,
+                false => Input::After(previous),
+            };
+            out.push(p.layer.footprint(sizes, input));
             previous = Some(&p.layer);
         }
         out
@@ -233,13 +260,20 @@ impl Layer {
         matches!(self, Layer::ConvReluPool { .. })
     }
 
-    /// The op's footprint at `sizes`, after `previous` (whose output is its input).
-    pub fn footprint(&self, s: &Sizes, previous: Option<&Layer>) -> Footprint {
-        let relu_input = previous.is_some_and(Layer::relu_output);
-        let shared_input = previous.is_some_and(Layer::keeps_output);
-        let input_grad = previous.is_some();
+    /// The op's footprint at `sizes`, given where its `input` comes from.
+    pub fn footprint(&self, s: &Sizes, input: Input) -> Footprint {
+        let (relu_input, shared_input, input_grad) = match input {
+            Input::After(previous) => (
+                previous.is_some_and(Layer::relu_output),
+                previous.is_some_and(Layer::keeps_output),
+                previous.is_some(),
+            ),
+            Input::Kept => (false, true, true),
+        };
         match *self {
-            Layer::Conv { input, output, .. } => composed::conv2d(s, input, output, relu_input),
+            Layer::Conv { input, output, .. } => {
+                composed::conv2d(s, input, output, relu_input, shared_input)
+            }
             Layer::Relu { elements } => composed::relu(s, elements),
             Layer::MaxPool { input, output } => composed::max_pool(s, input, output, relu_input),
             Layer::BatchNorm { elements, .. } => batch_norm::footprint(s, elements),

@@ -30,7 +30,7 @@ pub use batch_norm::BatchNormOutput;
 pub use boundary::{mark, Boundary, Pass};
 pub use cast::cast;
 pub use context::{Listener, RunContext};
-pub use footprint::{Family, Footprint, Layer, Plan, Planned, Sizes};
+pub use footprint::{Family, Footprint, Input, Layer, Plan, Planned, Sizes};
 pub use kernels::Kernels;
 pub use model_backend::ModelBackend;
 pub use precision::{dtype_name, Precision};

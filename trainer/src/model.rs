@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use burn::module::{ModuleMapper, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::DType;
-use burn_models::{MobileNet, MobileNetError, SimpleModel};
+use burn_models::{MobileNet, MobileNetError, ResNet, ResNetError, SimpleModel};
 use oomlab_engine::{cast, ModelBackend, RunContext};
 
 use crate::config::ModelSpec;
@@ -19,6 +19,19 @@ pub enum Classifier<B: Backend> {
     Simple(SimpleModel<B>),
     /// MobileNetV1.
     MobileNet(MobileNet<B>),
+    /// ResNet.
+    ResNet(ResNet<B>),
+}
+
+/// A model config `init` refuses (the config layer checks the same bounds first).
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A MobileNet config out of bounds.
+    #[error(transparent)]
+    MobileNet(#[from] MobileNetError),
+    /// A ResNet config out of bounds.
+    #[error(transparent)]
+    ResNet(#[from] ResNetError),
 }
 
 impl<B: Backend> Classifier<B> {
@@ -27,13 +40,14 @@ impl<B: Backend> Classifier<B> {
     /// another run in this process seeding or drawing between this seed and this model's first
     /// forward would change its weights. The seed and every draw happen here, under one lock
     /// (code that draws from Burn's state without it can still interleave).
-    pub fn init(spec: &ModelSpec, seed: u64, device: &B::Device) -> Result<Self, MobileNetError> {
+    pub fn init(spec: &ModelSpec, seed: u64, device: &B::Device) -> Result<Self, ModelError> {
         static SEEDING: Mutex<()> = Mutex::new(());
         let _turn = SEEDING.lock().unwrap_or_else(|e| e.into_inner());
         B::seed(device, seed);
         let model = match spec {
             ModelSpec::Simple(c) => Self::Simple(c.init(device)),
             ModelSpec::MobileNet(c) => Self::MobileNet(c.init(device)?),
+            ModelSpec::ResNet(c) => Self::ResNet(c.init(device)?),
         };
         model.visit(&mut Draw);
         Ok(model)
@@ -41,7 +55,7 @@ impl<B: Backend> Classifier<B> {
 
     /// Whether the network has batch norms (so whether their dtype matters).
     pub fn has_batch_norm(&self) -> bool {
-        matches!(self, Self::MobileNet(_))
+        matches!(self, Self::MobileNet(_) | Self::ResNet(_))
     }
 
     /// Trainable parameters (batch-norm running statistics excluded).
@@ -49,6 +63,7 @@ impl<B: Backend> Classifier<B> {
         match self {
             Self::Simple(m) => m.trainable_params(),
             Self::MobileNet(m) => m.trainable_params(),
+            Self::ResNet(m) => m.trainable_params(),
         }
     }
 }
@@ -59,6 +74,7 @@ impl<B: ModelBackend> Classifier<B> {
         match self {
             Self::Simple(m) => m.features(images, cx),
             Self::MobileNet(m) => m.features(images, cx),
+            Self::ResNet(m) => m.features(images, cx),
         }
     }
 
@@ -67,6 +83,7 @@ impl<B: ModelBackend> Classifier<B> {
         match self {
             Self::Simple(m) => m.forward(images, cx),
             Self::MobileNet(m) => m.forward(images, cx),
+            Self::ResNet(m) => m.forward(images, cx),
         }
     }
 }

@@ -215,3 +215,42 @@ fn resnet_rejects_bad_configs() {
         "num_classes must be in 1..=100000, got 0"
     );
 }
+
+/// Every model's plan (what the memory estimate walks) has the parameters `init` builds: the
+/// same layers, in any width, stem and depth.
+#[test]
+fn plans_count_the_parameters_init_builds() {
+    let device = Default::default();
+    let count = |plan: oomlab_engine::Plan| (plan.weights() + plan.batch_norm()) as usize;
+    for fuse in [false, true] {
+        let simple = SimpleModelConfig::new().with_fuse(fuse);
+        let built = simple.init::<Flex>(&device).trainable_params();
+        assert_eq!(count(simple.plan()), built, "SimpleModel, fuse {fuse}");
+        for width in [0.25, 1.0] {
+            let mobile = MobileNetConfig::cifar()
+                .with_width_multiplier(width)
+                .with_fuse(fuse);
+            let built = mobile.init::<Flex>(&device).unwrap().trainable_params();
+            assert_eq!(
+                count(mobile.plan()),
+                built,
+                "MobileNet α {width}, fuse {fuse}"
+            );
+        }
+        for (depth, stem, width) in [
+            (18, Stem::Cifar, 0.5),
+            (34, Stem::Cifar, 0.25),
+            (50, Stem::Imagenet, 1.0),
+            (18, Stem::Imagenet, 1.0),
+        ] {
+            let resnet = ResNetConfig::new()
+                .with_depth(depth)
+                .with_stem(stem)
+                .with_width_multiplier(width)
+                .with_fuse(fuse);
+            let built = resnet.init::<Flex>(&device).unwrap().trainable_params();
+            let what = format!("ResNet-{depth} {stem:?} α {width}, fuse {fuse}");
+            assert_eq!(count(resnet.plan()), built, "{what}");
+        }
+    }
+}

@@ -1,7 +1,9 @@
 //! `[model]`: which network, its width, input size and classes.
 
 use burn_models::mobilenet::{MAX_CLASSES, MAX_INPUT_SIZE, MIN_INPUT_SIZE};
-use burn_models::{MobileNetConfig, MobileNetError, SimpleModelConfig};
+use burn_models::{
+    MobileNetConfig, MobileNetError, ResNetConfig, ResNetError, SimpleModelConfig, Stem,
+};
 use serde::{Deserialize, Serialize};
 
 use super::{at_most, not_set, out_of_range, ConfigError};
@@ -15,6 +17,18 @@ pub enum ModelName {
     Simple,
     /// MobileNetV1.
     Mobilenet,
+    /// ResNet-18, 34 or 50 (torchvision's layout).
+    Resnet,
+}
+
+/// `model.stem` for ResNet: CIFAR's 3×3 conv, or ImageNet's 7×7/2 conv and 3×3/2 max-pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StemName {
+    /// 3×3 conv, stride 1, no max-pool.
+    Cifar,
+    /// 7×7 conv, stride 2, then a 3×3 max-pool with stride 2.
+    Imagenet,
 }
 
 /// `[model]`
@@ -26,6 +40,10 @@ pub struct RawModel {
     pub input_size: usize,
     pub width_multiplier: Option<f64>,
     pub stem_stride: Option<usize>,
+    /// ResNet only: 18, 34 or 50.
+    pub depth: Option<usize>,
+    /// ResNet only: `cifar` or `imagenet`.
+    pub stem: Option<StemName>,
 }
 
 impl Default for RawModel {
@@ -36,6 +54,8 @@ impl Default for RawModel {
             input_size: 32,
             width_multiplier: None,
             stem_stride: None,
+            depth: None,
+            stem: None,
         }
     }
 }
@@ -47,6 +67,8 @@ pub enum ModelSpec {
     Simple(SimpleModelConfig),
     /// MobileNetV1.
     MobileNet(MobileNetConfig),
+    /// ResNet.
+    ResNet(ResNetConfig),
 }
 
 impl ModelSpec {
@@ -55,6 +77,7 @@ impl ModelSpec {
         match self {
             Self::Simple(c) => c.plan(),
             Self::MobileNet(c) => c.plan(),
+            Self::ResNet(c) => c.plan(),
         }
     }
 
@@ -63,6 +86,12 @@ impl ModelSpec {
         match self {
             Self::Simple(_) => "simple".into(),
             Self::MobileNet(c) => format!("mobilenet(α={})", c.width_multiplier),
+            Self::ResNet(c) => format!(
+                "resnet{}({}, α={})",
+                c.depth,
+                c.stem.name(),
+                c.width_multiplier
+            ),
         }
     }
 
@@ -71,6 +100,7 @@ impl ModelSpec {
         match self {
             Self::Simple(c) => Self::Simple(c.with_fuse(fuse)),
             Self::MobileNet(c) => Self::MobileNet(c.with_fuse(fuse)),
+            Self::ResNet(c) => Self::ResNet(c.with_fuse(fuse)),
         }
     }
 
@@ -79,6 +109,7 @@ impl ModelSpec {
         match self {
             Self::Simple(c) => c.fuse,
             Self::MobileNet(c) => c.fuse,
+            Self::ResNet(c) => c.fuse,
         }
     }
 }
@@ -95,8 +126,10 @@ pub fn validate(m: &RawModel) -> Result<ModelSpec, ConfigError> {
                 &[
                     ("model.width_multiplier", m.width_multiplier.is_some()),
                     ("model.stem_stride", m.stem_stride.is_some()),
+                    ("model.depth", m.depth.is_some()),
+                    ("model.stem", m.stem.is_some()),
                 ],
-                "only to model.name = \"mobilenet\"",
+                "only to model.name = \"mobilenet\" or \"resnet\" (depth, stem: resnet)",
             )?;
             if m.input_size != burn_models::simple::SIMPLE_INPUT_SIZE {
                 return Err(out_of_range(
@@ -108,6 +141,13 @@ pub fn validate(m: &RawModel) -> Result<ModelSpec, ConfigError> {
             ModelSpec::Simple(SimpleModelConfig::new().with_num_classes(m.num_classes))
         }
         ModelName::Mobilenet => {
+            not_set(
+                &[
+                    ("model.depth", m.depth.is_some()),
+                    ("model.stem", m.stem.is_some()),
+                ],
+                "only to model.name = \"resnet\"",
+            )?;
             let stem_stride = m
                 .stem_stride
                 .unwrap_or(if m.input_size <= 64 { 1 } else { 2 });
@@ -143,6 +183,51 @@ pub fn validate(m: &RawModel) -> Result<ModelSpec, ConfigError> {
                 ),
             })?;
             ModelSpec::MobileNet(config)
+        }
+        ModelName::Resnet => {
+            not_set(
+                &[("model.stem_stride", m.stem_stride.is_some())],
+                "only to model.name = \"mobilenet\" (ResNet's stem is model.stem)",
+            )?;
+            let stem = match m.stem.unwrap_or(if m.input_size <= 64 {
+                StemName::Cifar
+            } else {
+                StemName::Imagenet
+            }) {
+                StemName::Cifar => Stem::Cifar,
+                StemName::Imagenet => Stem::Imagenet,
+            };
+            let config = ResNetConfig::new()
+                .with_depth(m.depth.unwrap_or(18))
+                .with_stem(stem)
+                .with_width_multiplier(m.width_multiplier.unwrap_or(1.0))
+                .with_input_size(m.input_size)
+                .with_num_classes(m.num_classes);
+            // The model owns its bounds; this only names the config key for each.
+            config.validate().map_err(|e| match e {
+                ResNetError::Depth(d) => out_of_range("model.depth", d, "must be 18, 34 or 50"),
+                ResNetError::WidthMultiplier(a) => out_of_range(
+                    "model.width_multiplier",
+                    a,
+                    "must be in (0, 4], e.g. 1.0, 0.5, 0.25",
+                ),
+                ResNetError::InputSize { size, stem } => out_of_range(
+                    "model.input_size",
+                    size,
+                    &format!(
+                        "must be in {}..={} with model.stem = \"{}\"",
+                        stem.min_input_size(),
+                        burn_models::resnet::MAX_INPUT_SIZE,
+                        stem.name()
+                    ),
+                ),
+                ResNetError::Classes(n) => out_of_range(
+                    "model.num_classes",
+                    n,
+                    &format!("must be in 1..={MAX_CLASSES}"),
+                ),
+            })?;
+            ModelSpec::ResNet(config)
         }
     };
     Ok(model)

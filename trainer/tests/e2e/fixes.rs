@@ -1,7 +1,7 @@
 //! The memory switches and tools, run through the binary on the CPU: free_cache, the budget
 //! and its out-of-memory diagnosis, `compare` and `find-batch-size`.
 
-use super::common::{arg, run, stderr, temp, train};
+use super::common::{arg, root, run, run_ok, stderr, temp, train};
 
 /// Small SimpleModel runs: the data set is kept small so the heap is mostly the step.
 const SMALL: [&str; 4] = ["--set", "data.train_size=256", "--set", "data.eval_size=32"];
@@ -391,5 +391,52 @@ fn find_batch_size_on_the_cpu_needs_a_budget() {
         stderr(&out),
         "config error: --budget = (none): the CPU has no memory limit to find: give --budget \
          SIZE or memory.budget\n"
+    );
+}
+
+/// `trainer compare` puts ResNet beside SimpleModel and MobileNet: one row each, with its
+/// model, batch-norm dtype and a predicted and measured peak (ResNet-18 at α = 1/8 here, from
+/// `configs/resnet18.toml`, to keep the test short).
+#[test]
+fn compare_shows_resnet_beside_simple_model_and_mobilenet() {
+    let dir = temp("compare-resnet");
+    let resnet = dir.join("resnet18-small.toml");
+    let shipped = std::fs::read_to_string(root().join("configs/resnet18.toml")).unwrap();
+    let small = shipped.replace("width_multiplier = 1.0", "width_multiplier = 0.125");
+    assert_ne!(
+        small, shipped,
+        "configs/resnet18.toml sets width_multiplier = 1.0"
+    );
+    std::fs::write(&resnet, small).unwrap();
+    let out_dir = dir.join("report");
+    let mut args = vec![
+        "compare".to_string(),
+        "configs/f32.toml".into(),
+        "configs/mobilenet.toml".into(),
+        arg(&resnet),
+        "--backend".into(),
+        "cpu".into(),
+        "--steps".into(),
+        "2".into(),
+        "--out".into(),
+        arg(&out_dir),
+    ];
+    args.extend(SMALL.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let stdout = run_ok(&args);
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("| ")).collect();
+    assert_eq!(rows.len(), 4, "header and three configs:\n{stdout}");
+    for (row, model) in rows[1..].iter().zip([
+        "| f32 | simple |",
+        "| mobilenet | mobilenet(α=0.5) |",
+        "| resnet18-small | resnet18(cifar, α=0.125) |",
+    ]) {
+        assert!(row.starts_with(model), "{row}");
+        assert!(row.contains(" MiB |"), "{row}");
+    }
+    assert!(
+        rows[3].contains("| f32 |"),
+        "ResNet's batch norm dtype: {}",
+        rows[3]
     );
 }

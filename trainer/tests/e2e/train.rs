@@ -75,6 +75,40 @@ fn mobilenet_learns_the_synthetic_data() {
     );
 }
 
+/// ResNet-18 with the CIFAR stem learns the synthetic data in f32 and in f16 mixed precision
+/// (a quarter of the width, to keep the test short: the same blocks and stages).
+#[test]
+fn resnet18_learns_the_synthetic_data_in_f32_and_f16_mixed() {
+    for config in ["configs/resnet18.toml", "configs/resnet18-amp.toml"] {
+        let (_, s) = train(
+            &format!("resnet-{}", config.len()),
+            &[
+                "--config",
+                config,
+                "--backend",
+                "cpu",
+                "--max-steps",
+                "40",
+                "--set",
+                "model.width_multiplier=0.25",
+                "--set",
+                "train.batch_size=32",
+                "--set",
+                "data.eval_size=256",
+                "--set",
+                "train.lr=3e-3",
+            ],
+        );
+        assert_eq!(s["model"], "resnet18(cifar, α=0.25)", "{config}");
+        assert_eq!(s["steps"], 40, "{config}");
+        let accuracy = s["eval_accuracy"].as_f64().unwrap();
+        assert!(
+            accuracy > 0.3,
+            "{config}: eval accuracy {accuracy} after 40 steps (chance is 0.1)"
+        );
+    }
+}
+
 fn short_run(name: &str, seed: u64) -> serde_json::Value {
     let seed = format!("train.seed={seed}");
     train(
