@@ -181,22 +181,7 @@ impl MobileNetConfig {
             channels: c_in,
         };
         plan.push("global pool (keeps its input)", pool);
-        let k = self.num_classes as u64;
-        let (input, output, weight, bias) = (c_in, k, c_in * k, k);
-        let fc = match self.fuse {
-            true => Layer::SlicedLinear {
-                input,
-                output,
-                weight,
-                bias,
-            },
-            false => Layer::Linear {
-                input,
-                output,
-                weight,
-                bias,
-            },
-        };
+        let fc = Layer::classifier(c_in, self.num_classes as u64, self.fuse);
         plan.push("linear (keeps its input)", fc);
         plan
     }

@@ -421,22 +421,7 @@ impl ResNetConfig {
             channels: features,
         };
         plan.push("global pool (keeps its input)", pool);
-        let k = self.num_classes as u64;
-        let (input, output, weight, bias) = (features, k, features * k, k);
-        let fc = match self.fuse {
-            true => Layer::SlicedLinear {
-                input,
-                output,
-                weight,
-                bias,
-            },
-            false => Layer::Linear {
-                input,
-                output,
-                weight,
-                bias,
-            },
-        };
+        let fc = Layer::classifier(features, self.num_classes as u64, self.fuse);
         plan.push("linear (keeps its input)", fc);
         plan
     }

@@ -273,12 +273,5 @@ pub(crate) fn batch_norm_autodiff<B: Kernels, C: CheckpointStrategy>(
 /// What the op holds at `sizes` over `elements` values per image: it keeps its input (and two
 /// per-channel vectors, left out); its backward has the output's and the input's gradients.
 pub(crate) fn footprint(s: &Sizes, elements: u64) -> Footprint {
-    Footprint {
-        saved: s.acts(elements),
-        saved_values: s.batch * elements,
-        recomputable: 0,
-        backward: s.acts(2 * elements),
-        weight_grad: 0,
-        output_grad: s.acts(elements),
-    }
+    Footprint::keeps_input(s, elements)
 }

@@ -39,14 +39,7 @@ pub(crate) fn conv2d(
 
 /// ReLU: keeps its input.
 pub(crate) fn relu(s: &Sizes, elements: u64) -> Footprint {
-    Footprint {
-        saved: s.acts(elements),
-        saved_values: s.batch * elements,
-        recomputable: 0,
-        backward: s.acts(2 * elements),
-        weight_grad: 0,
-        output_grad: s.acts(elements),
-    }
+    Footprint::keeps_input(s, elements)
 }
 
 /// Max-pool with indices: keeps its input and one backend int per output. On the CPU in bf16

@@ -79,6 +79,21 @@ pub struct Footprint {
     pub output_grad: u64,
 }
 
+impl Footprint {
+    /// An element-wise op over `elements` values per image that keeps its input and whose
+    /// backward has its output's and its input's gradients alive (ReLU, batch norm).
+    pub fn keeps_input(s: &Sizes, elements: u64) -> Self {
+        Self {
+            saved: s.acts(elements),
+            saved_values: s.batch * elements,
+            recomputable: 0,
+            backward: s.acts(2 * elements),
+            weight_grad: 0,
+            output_grad: s.acts(elements),
+        }
+    }
+}
+
 /// One op of a forward pass, with its per-image sizes (elements) and its parameters: `input`
 /// and `output` values per image, `weight` and `bias` elements, batch-norm `channels`.
 // Each variant's doc names its fields; a doc line per field would repeat the one above.
@@ -133,6 +148,28 @@ pub enum Layer {
     },
     /// Burn's element-wise add of two `elements`-value tensors (a residual connection).
     Add { elements: u64 },
+}
+
+impl Layer {
+    /// A classifier with bias from `input` features to `output` classes: the sliced linear
+    /// layer when `fused`, Burn's linear layer otherwise (as `layers::classifier` runs it).
+    pub fn classifier(input: u64, output: u64, fused: bool) -> Self {
+        let (weight, bias) = (input * output, output);
+        match fused {
+            true => Layer::SlicedLinear {
+                input,
+                output,
+                weight,
+                bias,
+            },
+            false => Layer::Linear {
+                input,
+                output,
+                weight,
+                bias,
+            },
+        }
+    }
 }
 
 /// Where an op's input comes from.

@@ -6,6 +6,17 @@ use super::common::{arg, root, run, run_ok, stderr, temp, train};
 /// Small SimpleModel runs: the data set is kept small so the heap is mostly the step.
 const SMALL: [&str; 4] = ["--set", "data.train_size=256", "--set", "data.eval_size=32"];
 
+/// `trainer compare` of `configs` on the CPU, two steps each on the small data set, into
+/// `out_dir`.
+fn compare_small(configs: &[String], out_dir: &std::path::Path) -> Vec<String> {
+    let mut args = vec!["compare".to_string()];
+    args.extend(configs.iter().cloned());
+    args.extend(["--backend", "cpu", "--steps", "2", "--out"].map(String::from));
+    args.push(arg(out_dir));
+    args.extend(SMALL.iter().map(|s| s.to_string()));
+    args
+}
+
 fn simple(name: &str, extra: &[&str]) -> serde_json::Value {
     let mut args = vec!["--config", "configs/f32.toml", "--backend", "cpu"];
     args.extend(SMALL);
@@ -119,21 +130,15 @@ fn compare_runs_each_config_and_reports_failures_as_rows() {
     let broken = dir.join("broken.toml");
     std::fs::write(&broken, "[train]\nbatch_size = 0\n").unwrap();
     let out_dir = dir.join("report");
-    let mut args = vec![
-        "compare".to_string(),
+    let configs = [
         "configs/f32.toml".into(),
         "configs/amp.toml".into(),
         arg(&broken),
-        "--backend".into(),
-        "cpu".into(),
-        "--steps".into(),
-        "2".into(),
-        "--out".into(),
-        arg(&out_dir),
     ];
-    args.extend(SMALL.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = run(&args);
+    let out = run(&compare_small(&configs, &out_dir)
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>());
     // One config failed: the report is written and the exit code says so.
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
@@ -409,21 +414,13 @@ fn compare_shows_resnet_beside_simple_model_and_mobilenet() {
     );
     std::fs::write(&resnet, small).unwrap();
     let out_dir = dir.join("report");
-    let mut args = vec![
-        "compare".to_string(),
+    let configs = [
         "configs/f32.toml".into(),
         "configs/mobilenet.toml".into(),
         arg(&resnet),
-        "--backend".into(),
-        "cpu".into(),
-        "--steps".into(),
-        "2".into(),
-        "--out".into(),
-        arg(&out_dir),
     ];
-    args.extend(SMALL.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let stdout = run_ok(&args);
+    let args = compare_small(&configs, &out_dir);
+    let stdout = run_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("| ")).collect();
     assert_eq!(rows.len(), 4, "header and three configs:\n{stdout}");
     for (row, model) in rows[1..].iter().zip([
