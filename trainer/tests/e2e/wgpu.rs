@@ -55,11 +55,27 @@ fn timeline(dir: &Path) -> Vec<(String, String, u64, u64)> {
         .collect()
 }
 
-/// The measured device peak lies within 25% of `trainer estimate`'s device prediction.
-fn within_estimate(s: &serde_json::Value) {
+/// The measured device peak lies within `tolerance` of `trainer estimate`'s device prediction.
+fn within_estimate(s: &serde_json::Value, tolerance: f64) {
     let error = s["prediction_error"].as_f64().unwrap();
-    assert!(error.abs() < 0.25, "measured vs predicted {error:+.3}: {s}");
+    println!(
+        "{} {}: measured vs predicted {error:+.3}",
+        s["config"], s["precision"]
+    );
+    assert!(
+        error.abs() < tolerance,
+        "measured vs predicted {error:+.3}: {s}"
+    );
 }
+
+/// How close a measured wgpu peak must be to the estimate: CubeCL keeps no peak, so the probe
+/// samples at layer boundaries, and the estimate predicts the peak itself.
+const WITHIN: f64 = 0.15;
+
+/// The same for SimpleModel's composed layers, whose peak lies inside the max-pool's backward
+/// (the conv output's gradient beside the pool's input), between two boundaries: the samples
+/// see 24% less than that peak (2026-12-06, llvmpipe, f32 batch 32).
+const WITHIN_BETWEEN_BOUNDARIES: f64 = 0.25;
 
 /// 20 steps of 32 at lr 3e-4: the loss falls by half on the CPU with the same numbers.
 const SIMPLE: [&str; 8] = [
@@ -110,7 +126,7 @@ fn simple_model_learns_on_wgpu_in_f32_and_f16_mixed() {
         }
         let highest = rows.iter().map(|r| r.2).max().unwrap();
         assert_eq!(highest as f64, peak, "the timeline is the peak window");
-        within_estimate(s);
+        within_estimate(s, WITHIN_BETWEEN_BOUNDARIES);
     }
     assert_eq!(amp["precision"], "f16-mixed");
     let ratio = bytes(&amp, "peak_bytes") / bytes(&f32s, "peak_bytes");
@@ -141,7 +157,27 @@ fn mobilenet_f16_mixed_with_batch_norm_in_f32_trains_on_wgpu() {
     assert!(s["final_train_loss"].as_f64().unwrap().is_finite(), "{s}");
     let rows = timeline(&dir);
     assert!(rows.iter().any(|r| r.1 == "block13" && r.0 == "backward"));
-    within_estimate(&s);
+    within_estimate(&s, WITHIN);
+}
+
+/// ResNet-18 (CIFAR stem, α = 1/8) in f16-mixed trains on a CubeCL pool, and its device peak
+/// matches the estimate walked from its own plan (residual blocks, downsample branches).
+#[test]
+fn resnet18_f16_mixed_trains_on_wgpu_within_the_estimate() {
+    let args = [
+        "--max-steps",
+        "2",
+        "--set",
+        "model.width_multiplier=0.125",
+        "--set",
+        "train.batch_size=8",
+        "--set",
+        "data.train_size=32",
+    ];
+    let (s, _) = wgpu("wgpu-resnet", "configs/resnet18-amp.toml", &args);
+    assert_eq!(s["model"], "resnet18(cifar, α=0.125)", "{s}");
+    assert_eq!(s["steps"], 2, "{s}");
+    within_estimate(&s, WITHIN);
 }
 
 /// Activation checkpointing lowers the device peak, and both peaks match the estimate.
@@ -156,8 +192,8 @@ fn checkpointing_lowers_the_device_peak_on_wgpu() {
     assert_eq!(ckpt["checkpointing"], "balanced");
     let ratio = bytes(&ckpt, "peak_bytes") / bytes(&plain, "peak_bytes");
     assert!(ratio < 0.95, "checkpointing / plain device peak = {ratio}");
-    within_estimate(&plain);
-    within_estimate(&ckpt);
+    within_estimate(&plain, WITHIN);
+    within_estimate(&ckpt, WITHIN);
 }
 
 /// `free_cache = "step"` hands cached blocks back after every step: reserved-after-step falls
