@@ -203,3 +203,50 @@ fn cuda_without_a_device_is_a_clear_error() {
          (use --backend cpu or auto)\n"
     );
 }
+
+/// ResNet takes every switch the other models take: bf16, batch norm in f16, accumulation,
+/// activation checkpointing, fused conv → BN → ReLU blocks, freeing cached memory; each run
+/// trains and its summary reports the switch.
+#[test]
+fn resnet_takes_every_switch() {
+    for (switch, key, value) in [
+        ("precision.mode=bf16-mixed", "precision", "bf16-mixed"),
+        ("precision.batch_norm_f32=false", "batch_norm", "f16"),
+        ("train.accum_steps=2", "accum_steps", "2"),
+        ("memory.checkpointing=balanced", "checkpointing", "balanced"),
+        ("memory.fuse=blocks", "fuse", "blocks"),
+        ("memory.free_cache=step", "free_cache", "step"),
+    ] {
+        let (_, s) = train(
+            &format!("resnet-switch-{key}"),
+            &[
+                "--config",
+                "configs/resnet18-amp.toml",
+                "--backend",
+                "cpu",
+                "--max-steps",
+                "2",
+                "--set",
+                "model.width_multiplier=0.125",
+                "--set",
+                "train.batch_size=8",
+                "--set",
+                "data.train_size=32",
+                "--set",
+                "data.eval_size=8",
+                "--set",
+                switch,
+            ],
+        );
+        let reported = match &s[key] {
+            serde_json::Value::String(v) => v.clone(),
+            other => other.to_string(),
+        };
+        assert_eq!(reported, value, "{switch}: {s}");
+        assert_eq!(s["steps"], 2, "{switch}");
+        assert!(
+            s["final_train_loss"].as_f64().unwrap().is_finite(),
+            "{switch}"
+        );
+    }
+}
