@@ -9,7 +9,7 @@
 //! | [`exit`] | the exit codes and what is printed for each error |
 //! | [`config`] | the TOML file: one file per section, each with its raw struct, validated spec and validation |
 //! | [`data`] | synthetic images and CIFAR-10, normalised and batched |
-//! | [`model`] | the network a config names (SimpleModel or MobileNet, from `burn-models`) |
+//! | [`model`] | the network a config names (SimpleModel, MobileNet or ResNet, from `burn-models`) |
 //! | [`outputs`] | where a run writes: folders claimed and locked, output paths checked before any work |
 //! | [`backend`] | CPU (Flex), CUDA or wgpu (Vulkan/Metal), chosen once at start-up: `mod.rs` (types, `auto`), `cuda.rs`, `wgpu.rs` (adapters) |
 //! | [`training`] | the loop (`training/mod.rs`, read beside the article's PyTorch loop) and its parts |
