@@ -25,9 +25,10 @@ fn bad_values_exit_2_with_one_line() {
         "config error: train.lr = -1: must be a finite number > 0",
     );
     fails_with(
-        &["--config", f32, "--set", "model.name=resnet"],
+        &["--config", f32, "--set", "model.name=vgg"],
         2,
-        "config error: model.name: unknown variant `resnet`, expected `simple` or `mobilenet`",
+        "config error: model.name: unknown variant `vgg`, expected one of `simple`, `mobilenet`, \
+         `resnet`",
     );
     fails_with(
         &["--config", f32, "--set", "train.batch_size=big"],

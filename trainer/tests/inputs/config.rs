@@ -94,8 +94,8 @@ fn wrong_types_name_the_key() {
         "train.batch_size: invalid value: integer `-4`, expected usize"
     );
     assert_eq!(
-        error("[model]\nname = \"resnet\"\n", &[]),
-        "model.name: unknown variant `resnet`, expected `simple` or `mobilenet`"
+        error("[model]\nname = \"vgg\"\n", &[]),
+        "model.name: unknown variant `vgg`, expected one of `simple`, `mobilenet`, `resnet`"
     );
     assert_eq!(
         error("[backend]\nkind = \"tpu\"\n", &[]),
