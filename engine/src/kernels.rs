@@ -28,6 +28,14 @@ pub trait Kernels: Backend {
         Self::float_slice_assign(whole, &[Slice::from(start..start + len)], part)
     }
 
+    /// A per-channel operand `v` (`[1, channels, 1, 1]`) of an elementwise op over `batch`
+    /// images, as batch norm hands it over. The default returns it as it is: it broadcasts.
+    /// The CPU backend copies it to `[batch, channels, 1, 1]`, the layout its SIMD broadcast
+    /// takes (see [`cpu`](crate::cpu)).
+    fn per_channel_rows(v: FloatTensor<Self>, _batch: usize) -> FloatTensor<Self> {
+        v
+    }
+
     /// `conv2d(x, weight)` without a bias, in the dtype of `x`, as the fused ops call it:
     /// `weight` may be the (wider) master copy, which is cast to that dtype first. The CPU
     /// backend runs depthwise and pointwise convs directly (in f32, on channels-last
