@@ -10,8 +10,13 @@ use crate::cast::{float, prim};
 use crate::conv_relu_pool;
 use crate::kernels::{conv2d_x_backward_cast, Kernels};
 use crate::sliced_linear;
+use crate::slices::SLICE_VALUES;
 
 impl Kernels for Flex {
+    fn slice_values() -> Option<usize> {
+        Some(SLICE_VALUES)
+    }
+
     /// Copied (`batch × channels` values): Flex's SIMD kernels broadcast a per-row scalar over
     /// `[batch, channels, h, w]` only when the scalars are laid out row by row; a
     /// `[1, channels, 1, 1]` operand (stride 0 on the batch) falls back to a scalar strided
