@@ -181,8 +181,8 @@ pub trait Kernels: Backend {
     /// The forward of the [conv → ReLU → max-pool block](crate::conv_relu_pool) with `weight`
     /// and `bias` in `x`'s dtype: the output and each window's winner as `row · k + col` (u8).
     /// The default runs the backend's conv, then [`relu_max_pool`](Self::relu_max_pool), a
-    /// slice of images at a time ([`slice_values`](Self::slice_values): the full-resolution conv
-    /// output exists for one slice; by default the slice is the whole batch); the
+    /// slice of images at a time (the full-resolution conv output exists for one slice, on
+    /// every backend: the block's memory saving); the
     /// CPU backend runs its own kernel an image per thread where it can.
     fn conv_relu_pool_forward(
         x: &FloatTensor<Self>,
@@ -198,7 +198,7 @@ pub trait Kernels: Backend {
     /// `wanted`), from its input `x`, `weight` and `bias` (in `x`'s dtype), its output `out`,
     /// that output's gradient `dout` and the winners' `positions`; `dw` and `db` in f32. The
     /// default unpools the gradient and runs the backend's conv backward a slice of images at
-    /// a time ([`slice_values`](Self::slice_values)); the CPU backend reads `dw` and `db` straight off the pooled gradient, without
+    /// a time; the CPU backend reads `dw` and `db` straight off the pooled gradient, without
     /// any full-resolution tensor, when `dx` is not wanted.
     #[allow(clippy::too_many_arguments)]
     fn conv_relu_pool_backward(

@@ -161,8 +161,8 @@ pub(crate) fn footprint(
         (Family::Cpu, _) => 4,
         (Family::CubeCl, c) => 8 + c,
     };
-    let input_grad =
-        s.acts(input + output) + 2 * slice_values(s.family, s.batch, input) * s.compute;
+    let input_grad = s.acts(input + output)
+        + 2 * slice_values(s.family.slice_values(), s.batch, input) * s.compute;
     let weight_sum = s.acts(output) + weight * each;
     Footprint {
         saved: if shared_input { 0 } else { s.acts(input) },
