@@ -146,8 +146,8 @@ pub(crate) fn linear_autodiff<B: Kernels, C: CheckpointStrategy>(
 /// slice's product into the one sum (in half precision rounded through the compute dtype at
 /// the end: 6 bytes a weight), on CubeCL the sum and the add's result beside a slice's product
 /// —, then makes the input gradient a slice at a time: a slice's realigning copy and product
-/// (two slices of the input; on CubeCL one slice is the whole batch) beside the output's and
-/// the input's gradients. The weight
+/// (two slices of the input; on CubeCL no realigning copy, and one slice is the whole batch:
+/// the product is the input gradient) beside the output's and the input's gradients. The weight
 /// gradient stays in the graph's gradients until backward ends.
 pub(crate) fn footprint(
     s: &Sizes,
@@ -161,8 +161,15 @@ pub(crate) fn footprint(
         (Family::Cpu, _) => 4,
         (Family::CubeCl, c) => 8 + c,
     };
-    let input_grad = s.acts(input + output)
-        + 2 * slice_values(s.family.slice_values(), s.batch, input) * s.compute;
+    let slice = slice_values(s.family.slice_values(), s.batch, input);
+    let scratch = match s.family {
+        // A slice's product and its realigning copy.
+        Family::Cpu => 2 * slice,
+        // The product; one slice's product is the input gradient itself.
+        Family::CubeCl if slice == s.batch * input => 0,
+        Family::CubeCl => slice,
+    };
+    let input_grad = s.acts(input + output) + scratch * s.compute;
     let weight_sum = s.acts(output) + weight * each;
     Footprint {
         saved: if shared_input { 0 } else { s.acts(input) },
