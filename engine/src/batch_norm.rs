@@ -75,13 +75,10 @@ fn per_channel<B: Kernels>(v: FloatTensor<B>, dtype: DType, batch: usize) -> Ten
     rows(v.reshape([1, c, 1, 1]), batch)
 }
 
-/// `[1, channels, 1, 1]` → `[batch, channels, 1, 1]`, copied (`batch × channels` values).
-///
-/// Why: Flex's SIMD kernels broadcast a per-row scalar over `[batch, channels, h, w]` only when
-/// the scalars are laid out row by row; a `[1, channels, 1, 1]` operand (stride 0 on the batch)
-/// falls back to a scalar strided loop that made this op most of MobileNet's step time.
-fn rows<B: Backend>(v: Tensor<B, 4>, batch: usize) -> Tensor<B, 4> {
-    v.repeat_dim(0, batch)
+/// `[1, channels, 1, 1]` as the per-channel operand over `batch` images:
+/// [`Kernels::per_channel_rows`] (broadcast as it is, or copied where the backend wants rows).
+fn rows<B: Kernels>(v: Tensor<B, 4>, batch: usize) -> Tensor<B, 4> {
+    float(B::per_channel_rows(prim(v), batch))
 }
 
 fn flat<B: Backend>(v: Tensor<B, 4>) -> FloatTensor<B> {

@@ -16,8 +16,9 @@
 //!
 //! On the CPU, forward is one kernel for the whole batch (flex-kernels' `conv_pool.rs`: conv, bias, pool
 //! and winners an image per thread) and, for the first layer, backward reads the weight and
-//! bias gradients off the pooled gradient (flex-kernels' `pool_grad.rs`); other backends run the
-//! backend's ops a slice of images at a time.
+//! bias gradients off the pooled gradient (flex-kernels' `pool_grad.rs`); otherwise the
+//! backend's ops run a slice of images at a time on every backend
+//! ([`bounded_slices`](crate::slices::bounded_slices)): that is the op's memory saving.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -33,7 +34,8 @@ use crate::context::RunContext;
 use crate::footprint::{Family, Footprint, Sizes};
 use crate::kernels::Kernels;
 use crate::slices::{
-    accumulate, assign, assign_int, int_rows, parameter_grad, rows, slice_values, slices,
+    accumulate, assign, assign_int, bounded_slices, int_rows, parameter_grad, rows, slice_values,
+    SLICE_VALUES,
 };
 
 /// The composed block, for backends without an autodiff graph.
@@ -163,7 +165,8 @@ impl<B: Kernels> Backward<B, 3> for ConvReluPoolBackward {
 }
 
 /// The default of [`Kernels::conv_relu_pool_backward`]: the conv output's gradient exists for
-/// one slice of images at a time; `dw` and `db` are summed over the slices in f32.
+/// one slice of images at a time (on every backend); `dw` and `db` are summed over the slices
+/// in f32.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward_sliced<B: Kernels>(
     x: &FloatTensor<B>,
@@ -178,7 +181,7 @@ pub(crate) fn backward_sliced<B: Kernels>(
 ) -> [Option<FloatTensor<B>>; 3] {
     let [n, c, ho, wo] = dout.shape().dims();
     let (mut dw, mut db, mut dx) = (None, None, None);
-    for (start, len) in slices(n, c * ho * wo * k * k) {
+    for (start, len) in bounded_slices(n, c * ho * wo * k * k) {
         let g = B::relu_backward(
             rows::<B, 4>(out, start, len),
             rows::<B, 4>(dout, start, len),
@@ -202,8 +205,8 @@ pub(crate) fn backward_sliced<B: Kernels>(
     [dx.map(prim), dw, db]
 }
 
-/// The default of [`Kernels::conv_relu_pool_forward`], a slice of images at a time: the
-/// output, and the winners' window positions.
+/// The default of [`Kernels::conv_relu_pool_forward`], a slice of images at a time (on every
+/// backend): the output, and the winners' window positions.
 pub(crate) fn forward_sliced<B: Kernels>(
     x: &FloatTensor<B>,
     weight: &FloatTensor<B>,
@@ -217,7 +220,7 @@ pub(crate) fn forward_sliced<B: Kernels>(
     // slices and concatenating them would hold the pooled output twice at the end.
     let (mut all_out, mut all_pos) = (None, None);
     // The full-resolution conv output exists for one slice at a time.
-    for (start, len) in slices(n, c_out * h * w) {
+    for (start, len) in bounded_slices(n, c_out * h * w) {
         let z = B::conv2d(
             rows::<B, 4>(x, start, len),
             weight.clone(),
@@ -279,9 +282,9 @@ pub(crate) fn conv_relu_pool_autodiff<B: Kernels, C: CheckpointStrategy>(
 /// What the block holds at `sizes` for `input` values per image, a `conv` output of that many
 /// values and `output` pooled ones: it keeps its input, its output and one byte per output.
 /// Its backward has the output's gradient (and the input's, unless it is the first layer) and,
-/// where the default runs (CubeCL), per slice of images the conv output's gradient, the conv
-/// weight gradient's scratch (about twice that), the winners' mask and the output gradient's
-/// slice: 3.5 slices. The CPU reads the first block's weight gradient off the pooled gradient:
+/// where the default runs, per slice of images the conv output's gradient, the conv weight
+/// gradient's scratch (about twice that), the winners' mask and the output gradient's slice:
+/// 3.5 slices of at most [`SLICE_VALUES`] on every backend. The CPU reads the first block's weight gradient off the pooled gradient:
 /// no slice.
 pub(crate) fn footprint(
     s: &Sizes,
@@ -292,7 +295,7 @@ pub(crate) fn footprint(
 ) -> Footprint {
     let slice = match s.family {
         Family::Cpu if !input_grad => 0,
-        _ => 7 * slice_values(s.batch, conv) / 2,
+        _ => 7 * slice_values(Some(SLICE_VALUES), s.batch, conv) / 2,
     };
     let dx = if input_grad { input } else { 0 };
     Footprint {

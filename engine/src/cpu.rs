@@ -6,11 +6,25 @@ use burn::tensor::ops::{ConvOptions, FloatTensor, IntTensor, ModuleOps};
 use burn::tensor::{DType, TensorMetadata};
 
 use crate::batch_norm;
+use crate::cast::{float, prim};
 use crate::conv_relu_pool;
 use crate::kernels::{conv2d_x_backward_cast, Kernels};
 use crate::sliced_linear;
+use crate::slices::SLICE_VALUES;
 
 impl Kernels for Flex {
+    fn slice_values() -> Option<usize> {
+        Some(SLICE_VALUES)
+    }
+
+    /// Copied (`batch × channels` values): Flex's SIMD kernels broadcast a per-row scalar over
+    /// `[batch, channels, h, w]` only when the scalars are laid out row by row; a
+    /// `[1, channels, 1, 1]` operand (stride 0 on the batch) falls back to a scalar strided
+    /// loop that made batch norm most of MobileNet's step time.
+    fn per_channel_rows(v: FloatTensor<Self>, batch: usize) -> FloatTensor<Self> {
+        prim(float::<Self, 4>(v).repeat_dim(0, batch))
+    }
+
     fn float_write_rows(
         whole: FloatTensor<Self>,
         start: usize,

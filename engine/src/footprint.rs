@@ -6,6 +6,7 @@
 //! where the kernels differ; Burn's own ops are stated in `composed.rs`, read from
 //! burn-autodiff 0.21. The estimator walks a plan and adds these up; it knows no model.
 
+use crate::kernels::Kernels;
 use crate::{batch_norm, composed, conv_bn_relu, conv_relu_pool, sliced_linear};
 
 /// Which kernels run an op, where they hold different bytes.
@@ -15,6 +16,17 @@ pub enum Family {
     Cpu,
     /// CubeCL (CUDA, wgpu).
     CubeCl,
+}
+
+impl Family {
+    /// Values per slice of a batch that the family's kernels take: the
+    /// [`Kernels::slice_values`] hook of its backends (`None`: the whole batch).
+    pub fn slice_values(self) -> Option<usize> {
+        match self {
+            Family::Cpu => <burn::backend::Flex as Kernels>::slice_values(),
+            Family::CubeCl => <burn::backend::Wgpu as Kernels>::slice_values(),
+        }
+    }
 }
 
 /// The units a footprint is counted in.

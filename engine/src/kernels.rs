@@ -1,6 +1,8 @@
 //! The kernel hooks: the pieces oomlab's ops are made of, each with a default composed from
 //! Burn's ops (beside the op that uses it) and overridden where a backend has a leaner way.
 //! Only the CPU backend overrides them ([`cpu`](crate::cpu)); CUDA and wgpu run the defaults.
+//! CPU tuning (slices sized to a cache, per-channel copies laid out for SIMD) lives in those
+//! overrides; the defaults run each op on the whole batch, as a GPU wants it.
 //!
 //! The graph ops that call them are [`ModelBackend`](crate::ModelBackend)'s: the hooks run on
 //! the inner backend of `Autodiff`, never on an autodiff one.
@@ -26,6 +28,22 @@ pub trait Kernels: Backend {
     ) -> FloatTensor<Self> {
         let len = part.shape().dims::<1>()[0];
         Self::float_slice_assign(whole, &[Slice::from(start..start + len)], part)
+    }
+
+    /// Values per slice of a batch that the fused ops hand the other hooks ([`slices`](crate::slices)),
+    /// or `None` for the whole batch at once. The default (CubeCL) runs each op batched: one
+    /// kernel launch per op. The CPU backend slices to its cache size, where its kernels make
+    /// scratch in proportion to the batch they get.
+    fn slice_values() -> Option<usize> {
+        None
+    }
+
+    /// A per-channel operand `v` (`[1, channels, 1, 1]`) of an elementwise op over `batch`
+    /// images, as batch norm hands it over. The default returns it as it is: it broadcasts.
+    /// The CPU backend copies it to `[batch, channels, 1, 1]`, the layout its SIMD broadcast
+    /// takes (see [`cpu`](crate::cpu)).
+    fn per_channel_rows(v: FloatTensor<Self>, _batch: usize) -> FloatTensor<Self> {
+        v
     }
 
     /// `conv2d(x, weight)` without a bias, in the dtype of `x`, as the fused ops call it:
@@ -140,7 +158,7 @@ pub trait Kernels: Backend {
 
     /// The [sliced linear layer](crate::sliced_linear)'s input gradient `dy · cast(W)ᵀ` for
     /// `dy [batch, out]` and the f32 master `weight [in, out]` (`in = features`), in the dtype
-    /// of `dy`, made a slice of rows at a time. The CPU backend makes it in bf16 without a bf16
+    /// of `dy`, made a slice of rows at a time ([`slice_values`](Self::slice_values)). The CPU backend makes it in bf16 without a bf16
     /// copy of the weight or its f64-staged widening.
     fn linear_input_grad(
         dy: FloatTensor<Self>,
@@ -163,7 +181,8 @@ pub trait Kernels: Backend {
     /// The forward of the [conv → ReLU → max-pool block](crate::conv_relu_pool) with `weight`
     /// and `bias` in `x`'s dtype: the output and each window's winner as `row · k + col` (u8).
     /// The default runs the backend's conv, then [`relu_max_pool`](Self::relu_max_pool), a
-    /// slice of images at a time (the full-resolution conv output exists for one slice); the
+    /// slice of images at a time (the full-resolution conv output exists for one slice, on
+    /// every backend: the block's memory saving); the
     /// CPU backend runs its own kernel an image per thread where it can.
     fn conv_relu_pool_forward(
         x: &FloatTensor<Self>,

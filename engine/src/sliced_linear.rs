@@ -14,7 +14,8 @@
 //! forward   out = x · cast(W) + cast(b)                     keeps x, W (the f32 master), b
 //! backward  dW = Σᵢ xᵢᵀ · dyᵢ      db = Σ dy      then per slice: dxᵢ = dyᵢ · cast(W)ᵀ
 //! ```
-//! Written over backend primitives: the same on Flex, CUDA and wgpu.
+//! Written over backend primitives: the same on Flex, CUDA and wgpu. The slices are
+//! [`Kernels::slice_values`]'s: on CubeCL one slice is the whole batch (one matmul each way).
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -30,8 +31,9 @@ use crate::footprint::{Family, Footprint, Sizes};
 use crate::kernels::Kernels;
 use crate::slices::{assign, parameter_grad, rows, slice_values, slices};
 
-/// `x · W + b` with `W` and `b` cast to the dtype of `x`, a slice of rows at a time (the CPU
-/// backend's half-precision matmul works on an f32 copy of its operand: a slice's, then).
+/// `x · W + b` with `W` and `b` cast to the dtype of `x`, a slice of rows at a time
+/// ([`Kernels::slice_values`]: the CPU backend's half-precision matmul works on an f32 copy of
+/// its operand, a slice's, then; CubeCL takes the whole batch).
 ///
 /// # Shapes
 /// `x [batch, in]`, `weight [in, out]`, `bias [out]` → `[batch, out]`
@@ -45,7 +47,7 @@ pub(crate) fn linear_plain<B: Kernels>(
     let b = float::<B, 1>(cast_prim::<B>(bias, dtype)).unsqueeze::<2>();
     let [n, features] = x.shape().dims();
     let mut out = None;
-    for (start, len) in slices(n, features) {
+    for (start, len) in slices::<B>(n, features) {
         let xs = float::<B, 2>(rows::<B, 2>(&x, start, len));
         out = Some(assign(out, n, start, xs.matmul(w.clone()) + b.clone()));
     }
@@ -53,7 +55,7 @@ pub(crate) fn linear_plain<B: Kernels>(
 }
 
 /// `dy · cast(W)ᵀ` (`dy [batch, out]`, the f32 master `W [in, out]`) in the dtype of `dy`, a
-/// slice of rows at a time: the weight as forward used it, cast again from the master copy,
+/// slice of rows at a time ([`Kernels::slice_values`]): the weight as forward used it, cast again from the master copy,
 /// not kept.
 pub fn input_grad_sliced<B: Kernels>(
     dout: FloatTensor<B>,
@@ -63,7 +65,7 @@ pub fn input_grad_sliced<B: Kernels>(
     let wt = float::<B, 2>(cast_prim::<B>(weight, dout.dtype())).transpose();
     let [n, _] = dout.shape().dims();
     let mut dx = None;
-    for (start, len) in slices(n, features) {
+    for (start, len) in slices::<B>(n, features) {
         let dy = float::<B, 2>(rows::<B, 2>(&dout, start, len));
         dx = Some(assign(dx, n, start, dy.matmul(wt.clone())));
     }
@@ -90,7 +92,7 @@ impl<B: Kernels> Backward<B, 3> for LinearBackward {
         // the batch at a time, xᵢᵀ · dyᵢ, summed in f32.
         if let Some(node) = node_w {
             let mut dw = None;
-            for (start, len) in slices(n, features) {
+            for (start, len) in slices::<B>(n, features) {
                 let xt = prim(float::<B, 2>(rows::<B, 2>(&x, start, len)).transpose());
                 let dy = rows::<B, 2>(&dout, start, len);
                 dw = Some(B::float_add_matmul(dw, xt, dy));
@@ -144,7 +146,8 @@ pub(crate) fn linear_autodiff<B: Kernels, C: CheckpointStrategy>(
 /// slice's product into the one sum (in half precision rounded through the compute dtype at
 /// the end: 6 bytes a weight), on CubeCL the sum and the add's result beside a slice's product
 /// —, then makes the input gradient a slice at a time: a slice's realigning copy and product
-/// (two slices of the input) beside the output's and the input's gradients. The weight
+/// (two slices of the input; on CubeCL no realigning copy, and one slice is the whole batch:
+/// the product is the input gradient) beside the output's and the input's gradients. The weight
 /// gradient stays in the graph's gradients until backward ends.
 pub(crate) fn footprint(
     s: &Sizes,
@@ -158,7 +161,15 @@ pub(crate) fn footprint(
         (Family::Cpu, _) => 4,
         (Family::CubeCl, c) => 8 + c,
     };
-    let input_grad = s.acts(input + output) + 2 * slice_values(s.batch, input) * s.compute;
+    let slice = slice_values(s.family.slice_values(), s.batch, input);
+    let scratch = match s.family {
+        // A slice's product and its realigning copy.
+        Family::Cpu => 2 * slice,
+        // The product; one slice's product is the input gradient itself.
+        Family::CubeCl if slice == s.batch * input => 0,
+        Family::CubeCl => slice,
+    };
+    let input_grad = s.acts(input + output) + scratch * s.compute;
     let weight_sum = s.acts(output) + weight * each;
     Footprint {
         saved: if shared_input { 0 } else { s.acts(input) },

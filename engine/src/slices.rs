@@ -10,26 +10,61 @@ use burn::tensor::{DType, Element, Int, Numeric, Tensor};
 use crate::cast::{cast_prim, float, prim};
 use crate::kernels::Kernels;
 
-/// Values per slice: about 2¹⁶ (256 KiB in f32) of the largest tensor an op makes per slice
-/// (one SimpleModel image's conv output).
-/// The backend's kernels make scratch in proportion to the batch they get (Flex's conv weight
-/// gradient: about twice the conv output; its matmul: a realigning copy of the output), so
-/// the fused ops feed them one slice at a time.
+/// Values per slice on the CPU ([`Kernels::slice_values`] of Flex): about 2¹⁶ (256 KiB in f32)
+/// of the largest tensor an op makes per slice (one SimpleModel image's conv output).
+/// Flex's kernels make scratch in proportion to the batch they get (its conv weight gradient:
+/// about twice the conv output; its matmul: a realigning copy of the output), so the fused ops
+/// feed them one slice at a time. CubeCL runs the whole batch in one slice, except where the
+/// slicing is an op's memory saving ([`bounded_slices`]).
 pub const SLICE_VALUES: usize = 1 << 16;
 
-/// `(start, length)` of each slice of a batch of `batch` images of `per_image` values: at
-/// least one image per slice, every image in exactly one.
-pub(crate) fn slices(batch: usize, per_image: usize) -> impl Iterator<Item = (usize, usize)> {
-    let per = (SLICE_VALUES / per_image.max(1)).clamp(1, batch.max(1));
+/// Images per slice of a batch of `batch` images of `per_image` values, for slices of at most
+/// `limit` values (`None`: the whole batch): at least one image.
+fn per_slice(limit: Option<usize>, batch: usize, per_image: usize) -> usize {
+    match limit {
+        Some(limit) => (limit / per_image.max(1)).clamp(1, batch.max(1)),
+        None => batch.max(1),
+    }
+}
+
+/// `(start, length)` of each slice of a batch of `batch` images of `per_image` values, as
+/// `B`'s kernels take them ([`Kernels::slice_values`]): every image in exactly one.
+pub(crate) fn slices<B: Kernels>(
+    batch: usize,
+    per_image: usize,
+) -> impl Iterator<Item = (usize, usize)> {
+    slices_of(B::slice_values(), batch, per_image)
+}
+
+/// [`slices`] of at most [`SLICE_VALUES`] on every backend, for an op whose slicing is its
+/// memory saving, not a CPU's tuning: the [fused conv → ReLU → pool
+/// block](crate::conv_relu_pool), whose full-resolution tensors exist a slice at a time. Run on
+/// the whole batch on wgpu (llvmpipe, 2026-12-06, amp, batch 32), its backward took the CubeCL
+/// pool from 8 to 48 MiB reserved, more than the composed layers' 40 MiB.
+pub(crate) fn bounded_slices(
+    batch: usize,
+    per_image: usize,
+) -> impl Iterator<Item = (usize, usize)> {
+    slices_of(Some(SLICE_VALUES), batch, per_image)
+}
+
+fn slices_of(
+    limit: Option<usize>,
+    batch: usize,
+    per_image: usize,
+) -> impl Iterator<Item = (usize, usize)> {
+    let per = per_slice(limit, batch, per_image);
     (0..batch)
         .step_by(per)
         .map(move |s| (s, per.min(batch - s)))
 }
 
 /// Values in one slice of a batch of `batch` images of `per_image` values, as [`slices`]
-/// makes them: what an op that works slice by slice has alive per slice.
-pub(crate) fn slice_values(batch: u64, per_image: u64) -> u64 {
-    let per = (SLICE_VALUES as u64 / per_image.max(1)).clamp(1, batch.max(1));
+/// makes them for slices of at most `limit` values (a family's
+/// [`slice_values`](crate::footprint::Family::slice_values), or `Some(SLICE_VALUES)` for [`bounded_slices`]):
+/// what an op that works slice by slice has alive per slice.
+pub(crate) fn slice_values(limit: Option<usize>, batch: u64, per_image: u64) -> u64 {
+    let per = per_slice(limit, batch as usize, per_image as usize) as u64;
     per * per_image
 }
 
