@@ -123,13 +123,19 @@ pub fn validate(m: &RawModel) -> Result<ModelSpec, ConfigError> {
     let model = match m.name {
         ModelName::Simple => {
             not_set(
+                &[("model.width_multiplier", m.width_multiplier.is_some())],
+                "only to model.name = \"mobilenet\" or \"resnet\"",
+            )?;
+            not_set(
+                &[("model.stem_stride", m.stem_stride.is_some())],
+                "only to model.name = \"mobilenet\"",
+            )?;
+            not_set(
                 &[
-                    ("model.width_multiplier", m.width_multiplier.is_some()),
-                    ("model.stem_stride", m.stem_stride.is_some()),
                     ("model.depth", m.depth.is_some()),
                     ("model.stem", m.stem.is_some()),
                 ],
-                "only to model.name = \"mobilenet\" or \"resnet\" (depth, stem: resnet)",
+                "only to model.name = \"resnet\"",
             )?;
             if m.input_size != burn_models::simple::SIMPLE_INPUT_SIZE {
                 return Err(out_of_range(

@@ -197,7 +197,15 @@ fn printed_names_are_the_toml_spellings() {
 fn keys_that_do_not_apply_are_rejected() {
     assert_eq!(
         error("[model]\nwidth_multiplier = 0.5\n", &[]),
-        "model.width_multiplier: applies only to model.name = \"mobilenet\""
+        "model.width_multiplier: applies only to model.name = \"mobilenet\" or \"resnet\""
+    );
+    assert_eq!(
+        error("[model]\ndepth = 34\n", &[]),
+        "model.depth: applies only to model.name = \"resnet\""
+    );
+    assert_eq!(
+        error("[model]\nname = \"resnet\"\nstem_stride = 2\n", &[]),
+        "model.stem_stride: applies only to model.name = \"mobilenet\" (ResNet's stem is model.stem)"
     );
     assert_eq!(
         error("[data]\nsource = \"cifar10\"\n", &[]),
