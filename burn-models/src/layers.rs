@@ -12,7 +12,7 @@ use burn::tensor::module;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{activation, backend::Backend, Tensor, TensorMetadata, TensorPrimitive};
 
-use oomlab_engine::{cast, BatchNormOutput, ModelBackend, RunContext};
+use oomlab_engine::{cast, BatchNormOutput, Layer, ModelBackend, Plan, RunContext};
 
 /// A 2D convolution computed in the policy's compute dtype.
 ///
@@ -331,4 +331,36 @@ pub fn max_pool2d_padded<B: Backend>(
 pub fn global_avg_pool<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 2> {
     let [batch, channels, _, _] = x.dims();
     module::adaptive_avg_pool2d(x, [1, 1]).reshape([batch, channels])
+}
+
+/// Conv (no bias) → BN, then a ReLU when `relu`, into `plan` as [`ConvBn`] runs them: one
+/// fused op for conv → BN → ReLU when `fuse`, else the composed ops. `[input, output, weight,
+/// channels]` in values per image and elements.
+pub fn plan_conv_bn(plan: &mut Plan, group: &str, sizes: [u64; 4], fuse: bool, relu: bool) {
+    let [input, output, weight, channels] = sizes;
+    if fuse && relu {
+        let layer = Layer::ConvBnRelu {
+            input,
+            output,
+            weight,
+            channels,
+        };
+        plan.push(group, layer);
+        return;
+    }
+    let conv = Layer::Conv {
+        input,
+        output,
+        weight,
+        bias: 0,
+    };
+    plan.push(group, conv);
+    let bn = Layer::BatchNorm {
+        elements: output,
+        channels,
+    };
+    plan.push(group, bn);
+    if relu {
+        plan.push(group, Layer::Relu { elements: output });
+    }
 }

@@ -129,32 +129,10 @@ impl MobileNetConfig {
         };
         // conv keeps its input, BN its input (the conv output), ReLU its input (BN's); fused,
         // one op keeps the first two and recomputes the third in backward.
-        let block =
-            |plan: &mut Plan, group: String, [input, output, weight, channels]: [u64; 4]| {
-                if self.fuse {
-                    let layer = Layer::ConvBnRelu {
-                        input,
-                        output,
-                        weight,
-                        channels,
-                    };
-                    plan.push(group, layer);
-                    return;
-                }
-                let conv = Layer::Conv {
-                    input,
-                    output,
-                    weight,
-                    bias: 0,
-                };
-                plan.push(group.clone(), conv);
-                let bn = Layer::BatchNorm {
-                    elements: output,
-                    channels,
-                };
-                plan.push(group.clone(), bn);
-                plan.push(group, Layer::Relu { elements: output });
-            };
+        let fuse = self.fuse;
+        let block = |plan: &mut Plan, group: String, sizes: [u64; 4]| {
+            layers::plan_conv_bn(plan, &group, sizes, fuse, true)
+        };
         let s = self.input_size as u64;
         let mut side = s.div_ceil(self.stem_stride as u64);
         let mut c_in = self.channels(STEM_CHANNELS) as u64;

@@ -362,7 +362,7 @@ impl ResNetConfig {
         side = side.div_ceil(stride as u64);
         let stem = format!("stem: {what}");
         let weight = 3 * c * (kernel * kernel) as u64;
-        conv_bn(
+        layers::plan_conv_bn(
             &mut plan,
             &stem,
             [input, c * side * side, weight, c],
@@ -384,17 +384,17 @@ impl ResNetConfig {
             match b.kind {
                 BlockKind::Basic => {
                     let conv1 = [input, mid, c_in * width * 9, width];
-                    conv_bn(&mut plan, &group, conv1, self.fuse, true);
+                    layers::plan_conv_bn(&mut plan, &group, conv1, self.fuse, true);
                     let conv2 = [mid, out, width * c_out * 9, c_out];
-                    conv_bn(&mut plan, &group, conv2, self.fuse, false);
+                    layers::plan_conv_bn(&mut plan, &group, conv2, self.fuse, false);
                 }
                 BlockKind::Bottleneck => {
                     let conv1 = [input, width * side * side, c_in * width, width];
-                    conv_bn(&mut plan, &group, conv1, self.fuse, true);
+                    layers::plan_conv_bn(&mut plan, &group, conv1, self.fuse, true);
                     let conv2 = [width * side * side, mid, width * width * 9, width];
-                    conv_bn(&mut plan, &group, conv2, self.fuse, true);
+                    layers::plan_conv_bn(&mut plan, &group, conv2, self.fuse, true);
                     let conv3 = [mid, out, width * c_out, c_out];
-                    conv_bn(&mut plan, &group, conv3, self.fuse, false);
+                    layers::plan_conv_bn(&mut plan, &group, conv3, self.fuse, false);
                 }
             }
             if b.downsample() {
@@ -447,38 +447,6 @@ impl ResNetConfig {
             fc: LinearConfig::new(features, self.num_classes).init(device),
             fuse: self.fuse,
         })
-    }
-}
-
-/// Conv (no bias) → BN, then a ReLU when `relu`, into `plan` as [`ConvBn`] runs them: one
-/// fused op for conv → BN → ReLU when `fuse`, else the composed ops. `[input, output, weight,
-/// channels]` in values per image and elements.
-fn conv_bn(plan: &mut Plan, group: &str, sizes: [u64; 4], fuse: bool, relu: bool) {
-    let [input, output, weight, channels] = sizes;
-    if fuse && relu {
-        let layer = Layer::ConvBnRelu {
-            input,
-            output,
-            weight,
-            channels,
-        };
-        plan.push(group, layer);
-        return;
-    }
-    let conv = Layer::Conv {
-        input,
-        output,
-        weight,
-        bias: 0,
-    };
-    plan.push(group, conv);
-    let bn = Layer::BatchNorm {
-        elements: output,
-        channels,
-    };
-    plan.push(group, bn);
-    if relu {
-        plan.push(group, Layer::Relu { elements: output });
     }
 }
 
