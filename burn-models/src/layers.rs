@@ -12,7 +12,9 @@ use burn::tensor::module;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{activation, backend::Backend, Tensor, TensorMetadata, TensorPrimitive};
 
-use oomlab_engine::{cast, BatchNormOutput, Layer, ModelBackend, Plan, RunContext};
+use oomlab_engine::{
+    cast, BatchNormOutput, Boundary, Layer, ModelBackend, Plan, PoolWindow, RunContext,
+};
 
 /// A 2D convolution computed in the policy's compute dtype.
 ///
@@ -81,7 +83,7 @@ pub fn conv_relu_pool<B: ModelBackend>(
             );
             Tensor::from_primitive(TensorPrimitive::Float(out))
         }
-        _ => max_pool2d(relu(conv2d(cx, layer, x)), k),
+        _ => max_pool2d(cx, relu(conv2d(cx, layer, x)), k, Boundary("pool (inside)")),
     }
 }
 
@@ -306,25 +308,39 @@ pub fn relu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     activation::relu(x)
 }
 
-/// Non-overlapping max pooling with a square window.
-pub fn max_pool2d<B: Backend>(x: Tensor<B, 4>, size: usize) -> Tensor<B, 4> {
-    module::max_pool2d(x, [size, size], [size, size], [0, 0], [1, 1], false)
+/// Non-overlapping max pooling with a square window. `at` names the moment inside its
+/// backward when the input's and the output's gradients both exist (the op's peak), for the
+/// run's memory probe ([`PoolWindow`]'s op).
+pub fn max_pool2d<B: ModelBackend>(
+    cx: &RunContext,
+    x: Tensor<B, 4>,
+    size: usize,
+    at: Boundary,
+) -> Tensor<B, 4> {
+    max_pool2d_padded(cx, x, size, size, 0, at)
 }
 
 /// Max pooling with a square `size` window moved by `stride` over an input padded by
 /// `padding` on every side; the padding never wins a window (torchvision's ImageNet stem:
-/// 3, 2, 1).
+/// 3, 2, 1). `at` as for [`max_pool2d`].
 ///
 /// # Shapes
 /// `[batch, c, h, w]` → `[batch, c, (h + 2·padding − size) / stride + 1, …]`
-pub fn max_pool2d_padded<B: Backend>(
+pub fn max_pool2d_padded<B: ModelBackend>(
+    cx: &RunContext,
     x: Tensor<B, 4>,
     size: usize,
     stride: usize,
     padding: usize,
+    at: Boundary,
 ) -> Tensor<B, 4> {
-    let [size, stride, padding] = [[size; 2], [stride; 2], [padding; 2]];
-    module::max_pool2d(x, size, stride, padding, [1, 1], false)
+    let window = PoolWindow {
+        size: [size; 2],
+        stride: [stride; 2],
+        padding: [padding; 2],
+    };
+    let out = B::max_pool(x.into_primitive().tensor(), window, at, cx);
+    Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
 /// Global average pooling to `[batch, channels]`.

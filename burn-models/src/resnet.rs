@@ -587,7 +587,7 @@ impl<B: ModelBackend> ResNet<B> {
     pub fn features(&self, images: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 4> {
         let x = self.stem.forward(images, cx); // [B, 64α, size/s, size/s]
         let x = match self.max_pool {
-            true => layers::max_pool2d_padded(x, 3, 2, 1), // [B, 64α, size/r, size/r]
+            true => layers::max_pool2d_padded(cx, x, 3, 2, 1, Boundary("stem pool (inside)")), // [B, 64α, size/r, size/r]
             false => x,
         };
         let mut x = mark(x, Boundary("stem"), cx);

@@ -140,7 +140,8 @@ impl<B: ModelBackend> SimpleModel<B> {
         }
         let x = mark(layers::conv2d(cx, &self.conv, images), Boundary("conv"), cx); // [B, 64, 32, 32]
         let x = mark(layers::relu(x), Boundary("relu"), cx);
-        mark(layers::max_pool2d(x, 2), Boundary("pool"), cx) // [B, 64, 16, 16]
+        let x = layers::max_pool2d(cx, x, 2, Boundary("pool (inside)"));
+        mark(x, Boundary("pool"), cx) // [B, 64, 16, 16]
     }
 
     /// Logits for a batch of images.

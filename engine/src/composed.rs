@@ -1,6 +1,6 @@
 //! What Burn's own ops keep for backward, read from burn-autodiff 0.21: conv2d and linear keep
-//! their input and weight; ReLU keeps its input; max-pool keeps its input and the argmax
-//! indices; adaptive average pooling keeps its input; an add keeps nothing; casts keep
+//! their input and weight; ReLU keeps its input (max-pool, the same op with a probe inside,
+//! is [the engine's](crate::max_pool)); adaptive average pooling keeps its input; an add keeps nothing; casts keep
 //! nothing. Their backward has the output's and the input's gradient alive, and on the CPU
 //! the copies Flex's kernels make (see [`Sizes`]).
 
@@ -40,27 +40,6 @@ pub(crate) fn conv2d(
 /// ReLU: keeps its input.
 pub(crate) fn relu(s: &Sizes, elements: u64) -> Footprint {
     Footprint::keeps_input(s, elements)
-}
-
-/// Max-pool with indices: keeps its input and one backend int per output. On the CPU in bf16
-/// (Flex's `max_pool2d_backward_bf16`) the input and the output gradient are converted to f32
-/// and the input gradient made in f32, before the bf16 input gradient exists; then that f32
-/// gradient is rounded into it, its f32 operands gone.
-pub(crate) fn max_pool(s: &Sizes, input: u64, output: u64, relu_input: bool) -> Footprint {
-    let kept = s.acts(input);
-    let in_f32 = s.acts(output) + s.cpu_bf16_f32(2 * input + output);
-    let rounding = s.acts(input + output) + s.cpu_bf16_f32(input);
-    Footprint {
-        saved: kept + s.batch * output * s.index,
-        saved_values: s.batch * (input + output),
-        recomputable: recomputable(relu_input, kept),
-        backward: match s.cpu_bf16_f32(1) {
-            0 => s.acts(input + output),
-            _ => in_f32.max(rounding),
-        },
-        weight_grad: 0,
-        output_grad: s.acts(output),
-    }
 }
 
 /// Adaptive average pooling to one value per channel: keeps its input.

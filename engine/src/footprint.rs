@@ -7,7 +7,7 @@
 //! burn-autodiff 0.21. The estimator walks a plan and adds these up; it knows no model.
 
 use crate::kernels::Kernels;
-use crate::{batch_norm, composed, conv_bn_relu, conv_relu_pool, sliced_linear};
+use crate::{batch_norm, composed, conv_bn_relu, conv_relu_pool, max_pool, sliced_linear};
 
 /// Which kernels run an op, where they hold different bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,7 +324,7 @@ impl Layer {
                 composed::conv2d(s, input, output, relu_input, shared_input)
             }
             Layer::Relu { elements } => composed::relu(s, elements),
-            Layer::MaxPool { input, output } => composed::max_pool(s, input, output, relu_input),
+            Layer::MaxPool { input, output } => max_pool::footprint(s, input, output, relu_input),
             Layer::BatchNorm { elements, .. } => batch_norm::footprint(s, elements),
             Layer::GlobalPool { input, channels } => {
                 composed::global_pool(s, input, channels, relu_input)

@@ -1,6 +1,7 @@
 //! The graph ops the models call: oomlab's own autodiff ops ([batch norm](crate::batch_norm),
 //! [conv → BN → ReLU](crate::conv_bn_relu), [conv → ReLU → max-pool](crate::conv_relu_pool),
-//! the [sliced linear layer](crate::sliced_linear)) and [layer boundaries](crate::boundary).
+//! the [sliced linear layer](crate::sliced_linear), [max-pool](crate::max_pool)) and [layer
+//! boundaries](crate::boundary).
 //!
 //! Two implementations, nothing else: a plain backend (no graph: inference) runs each op
 //! composed from its [kernel hooks](crate::Kernels); [`Autodiff`] over such a backend runs each
@@ -19,6 +20,7 @@ use crate::context::RunContext;
 use crate::conv_bn_relu;
 use crate::conv_relu_pool;
 use crate::kernels::Kernels;
+use crate::max_pool::{self, PoolWindow};
 use crate::sliced_linear;
 
 /// A backend the models run on: every [`Kernels`] backend, and [`Autodiff`] over one.
@@ -67,6 +69,15 @@ pub trait ModelBackend: Backend {
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         bias: FloatTensor<Self>,
+        cx: &RunContext,
+    ) -> FloatTensor<Self>;
+
+    /// Max-pool over `window` (no dilation, floor rounding), Burn's computation. Under
+    /// autodiff, `cx`'s listener hears backward at its peak moment as `at` ([`max_pool`]).
+    fn max_pool(
+        x: FloatTensor<Self>,
+        window: PoolWindow,
+        at: Boundary,
         cx: &RunContext,
     ) -> FloatTensor<Self>;
 
@@ -127,6 +138,15 @@ impl<B: Kernels> ModelBackend for B {
         B::linear_forward(x, weight, bias)
     }
 
+    fn max_pool(
+        x: FloatTensor<Self>,
+        window: PoolWindow,
+        _: Boundary,
+        _: &RunContext,
+    ) -> FloatTensor<Self> {
+        max_pool::max_pool_plain::<B>(x, window)
+    }
+
     fn boundary(x: FloatTensor<Self>, _: Boundary, _: &RunContext) -> FloatTensor<Self> {
         x
     }
@@ -181,6 +201,15 @@ impl<B: Kernels, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
         cx: &RunContext,
     ) -> FloatTensor<Self> {
         sliced_linear::linear_autodiff::<B, C>(x, weight, bias, cx)
+    }
+
+    fn max_pool(
+        x: FloatTensor<Self>,
+        window: PoolWindow,
+        at: Boundary,
+        cx: &RunContext,
+    ) -> FloatTensor<Self> {
+        max_pool::max_pool_autodiff::<B, C>(x, window, at, cx)
     }
 
     fn boundary(x: FloatTensor<Self>, at: Boundary, cx: &RunContext) -> FloatTensor<Self> {

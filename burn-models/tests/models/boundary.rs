@@ -67,6 +67,7 @@ fn simple_model_boundaries_are_heard_in_order_and_change_nothing() {
             ("fc", F),
             ("fc", B_),
             ("pool", B_),
+            ("pool (inside)", B_),
             ("relu", B_),
             ("conv", B_)
         ]

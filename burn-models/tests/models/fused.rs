@@ -12,6 +12,7 @@ use burn_models::{
 };
 
 use crate::cx;
+use oomlab_engine::Boundary;
 
 type B = Autodiff<Flex>;
 
@@ -237,7 +238,8 @@ fn pool_block(
     let y = if fused {
         layers::conv_relu_pool(&cx(p), conv, x.clone(), 2)
     } else {
-        layers::max_pool2d(layers::relu(layers::conv2d(&cx(p), conv, x.clone())), 2)
+        let z = layers::relu(layers::conv2d(&cx(p), conv, x.clone()));
+        layers::max_pool2d(&cx(p), z, 2, Boundary("pool"))
     };
     let grads = (y.clone().cast(DType::F32) * weighting.clone())
         .sum()
@@ -361,8 +363,10 @@ fn first_block_gradients_off_the_pooled_gradient_equal_the_composed_layers() {
                 let y = match fused {
                     true => layers::conv_relu_pool(&cx(p), &conv, p.compute(x.clone()), 2),
                     false => layers::max_pool2d(
+                        &cx(p),
                         layers::relu(layers::conv2d(&cx(p), &conv, p.compute(x.clone()))),
                         2,
+                        Boundary("pool"),
                     ),
                 };
                 let grads = (y.clone().cast(DType::F32) * weighting.clone())

@@ -10,6 +10,8 @@ mod boundary;
 mod flex;
 /// The fused blocks against the composed layers: the same bits forward and backward.
 mod fused;
+/// The engine's max-pool against Burn's; its backward heard between its boundaries.
+mod pool;
 /// Parameter counts against the article, the paper, Keras and torchvision; output shapes; bad
 /// configs.
 mod shapes;

@@ -4,7 +4,8 @@
 //! context and every other process) is CUDA's alone.
 //!
 //! CubeCL keeps no peak: the peak reported is the largest sample, taken at every layer
-//! boundary of forward and backward. An allocation that lives only inside one layer is not seen.
+//! boundary of forward and backward, and where an op reports its own peak moment (max-pool's
+//! backward). Any other allocation that lives only inside one layer is not seen.
 
 use std::marker::PhantomData;
 
