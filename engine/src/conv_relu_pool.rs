@@ -18,7 +18,9 @@
 //! and winners an image per thread) and, for the first layer, backward reads the weight and
 //! bias gradients off the pooled gradient (flex-kernels' `pool_grad.rs`); otherwise the
 //! backend's ops run a slice of images at a time on every backend
-//! ([`bounded_slices`](crate::slices::bounded_slices)): that is the op's memory saving.
+//! ([`bounded_slices`](crate::slices::bounded_slices)): that is the op's memory saving. A slice
+//! is the CPU's cache-sized slice on the CPU, and the pooled output's size for the whole batch
+//! on CubeCL (k² slices).
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -34,8 +36,8 @@ use crate::context::RunContext;
 use crate::footprint::{Family, Footprint, Sizes};
 use crate::kernels::Kernels;
 use crate::slices::{
-    accumulate, assign, assign_int, bounded_slices, int_rows, parameter_grad, rows, slice_values,
-    SLICE_VALUES,
+    accumulate, assign, assign_int, bounded_limit, bounded_slices, int_rows, parameter_grad, rows,
+    slice_values,
 };
 
 /// The composed block, for backends without an autodiff graph.
@@ -181,7 +183,7 @@ pub(crate) fn backward_sliced<B: Kernels>(
 ) -> [Option<FloatTensor<B>>; 3] {
     let [n, c, ho, wo] = dout.shape().dims();
     let (mut dw, mut db, mut dx) = (None, None, None);
-    for (start, len) in bounded_slices(n, c * ho * wo * k * k) {
+    for (start, len) in bounded_slices::<B>(n, c * ho * wo * k * k, n * c * ho * wo) {
         let g = B::relu_backward(
             rows::<B, 4>(out, start, len),
             rows::<B, 4>(dout, start, len),
@@ -220,7 +222,8 @@ pub(crate) fn forward_sliced<B: Kernels>(
     // slices and concatenating them would hold the pooled output twice at the end.
     let (mut all_out, mut all_pos) = (None, None);
     // The full-resolution conv output exists for one slice at a time.
-    for (start, len) in bounded_slices(n, c_out * h * w) {
+    let pooled = n * c_out * (h / k) * (w / k);
+    for (start, len) in bounded_slices::<B>(n, c_out * h * w, pooled) {
         let z = B::conv2d(
             rows::<B, 4>(x, start, len),
             weight.clone(),
@@ -284,8 +287,8 @@ pub(crate) fn conv_relu_pool_autodiff<B: Kernels, C: CheckpointStrategy>(
 /// Its backward has the output's gradient (and the input's, unless it is the first layer) and,
 /// where the default runs, per slice of images the conv output's gradient, the conv weight
 /// gradient's scratch (about twice that), the winners' mask and the output gradient's slice:
-/// 3.5 slices of at most [`SLICE_VALUES`] on every backend. The CPU reads the first block's weight gradient off the pooled gradient:
-/// no slice.
+/// 3.5 slices of [`bounded_limit`]'s size. The CPU reads the first block's weight gradient off
+/// the pooled gradient: no slice.
 pub(crate) fn footprint(
     s: &Sizes,
     input: u64,
@@ -295,7 +298,10 @@ pub(crate) fn footprint(
 ) -> Footprint {
     let slice = match s.family {
         Family::Cpu if !input_grad => 0,
-        _ => 7 * slice_values(Some(SLICE_VALUES), s.batch, conv) / 2,
+        _ => {
+            let limit = bounded_limit(s.family.slice_values(), (s.batch * output) as usize);
+            7 * slice_values(Some(limit), s.batch, conv) / 2
+        }
     };
     let dx = if input_grad { input } else { 0 };
     Footprint {

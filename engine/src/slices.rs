@@ -15,7 +15,7 @@ use crate::kernels::Kernels;
 /// Flex's kernels make scratch in proportion to the batch they get (its conv weight gradient:
 /// about twice the conv output; its matmul: a realigning copy of the output), so the fused ops
 /// feed them one slice at a time. CubeCL runs the whole batch in one slice, except where the
-/// slicing is an op's memory saving ([`bounded_slices`]).
+/// slicing is an op's memory saving ([`bounded_slices`], sized by that saving).
 pub const SLICE_VALUES: usize = 1 << 16;
 
 /// Images per slice of a batch of `batch` images of `per_image` values, for slices of at most
@@ -36,16 +36,31 @@ pub(crate) fn slices<B: Kernels>(
     slices_of(B::slice_values(), batch, per_image)
 }
 
-/// [`slices`] of at most [`SLICE_VALUES`] on every backend, for an op whose slicing is its
-/// memory saving, not a CPU's tuning: the [fused conv → ReLU → pool
-/// block](crate::conv_relu_pool), whose full-resolution tensors exist a slice at a time. Run on
-/// the whole batch on wgpu (llvmpipe, 2026-12-06, amp, batch 32), its backward took the CubeCL
-/// pool from 8 to 48 MiB reserved, more than the composed layers' 40 MiB.
-pub(crate) fn bounded_slices(
+/// [`slices`] for an op whose slicing is its memory saving, not a kernel's tuning: the [fused
+/// conv → ReLU → pool block](crate::conv_relu_pool), whose full-resolution tensors exist a
+/// slice at a time. A slice holds at most `budget` values (see [`bounded_limit`]).
+pub(crate) fn bounded_slices<B: Kernels>(
     batch: usize,
     per_image: usize,
+    budget: usize,
 ) -> impl Iterator<Item = (usize, usize)> {
-    slices_of(Some(SLICE_VALUES), batch, per_image)
+    slices_of(
+        Some(bounded_limit(B::slice_values(), budget)),
+        batch,
+        per_image,
+    )
+}
+
+/// Values per slice for [`bounded_slices`]: a backend's own slice size where it has one
+/// (`limit`: the CPU's cache size, smaller than any budget at SimpleModel's sizes), else
+/// `budget`. The fused block's budget is its pooled output for the whole batch, so that its
+/// full-resolution tensors never outweigh what it keeps anyway: k² slices for a k×k pool on
+/// CubeCL. Measured on wgpu (llvmpipe, 2026-12-06, SimpleModel f32, batch 32, kernel launches
+/// per training step, peak reserved): slices of [`SLICE_VALUES`] (16 of 2 images) 741 and
+/// 8 MiB; the whole batch at once 57 and 48 MiB (more than the composed layers' 40); these 4
+/// slices of 8 images 126 and 16 MiB.
+pub(crate) fn bounded_limit(limit: Option<usize>, budget: usize) -> usize {
+    limit.unwrap_or(budget).max(1)
 }
 
 fn slices_of(
@@ -61,7 +76,7 @@ fn slices_of(
 
 /// Values in one slice of a batch of `batch` images of `per_image` values, as [`slices`]
 /// makes them for slices of at most `limit` values (a family's
-/// [`slice_values`](crate::footprint::Family::slice_values), or `Some(SLICE_VALUES)` for [`bounded_slices`]):
+/// [`slice_values`](crate::footprint::Family::slice_values), or [`bounded_limit`]'s):
 /// what an op that works slice by slice has alive per slice.
 pub(crate) fn slice_values(limit: Option<usize>, batch: u64, per_image: u64) -> u64 {
     let per = per_slice(limit, batch as usize, per_image as usize) as u64;
