@@ -69,13 +69,9 @@ fn within_estimate(s: &serde_json::Value, tolerance: f64) {
 }
 
 /// How close a measured wgpu peak must be to the estimate: CubeCL keeps no peak, so the probe
-/// samples at layer boundaries, and the estimate predicts the peak itself.
+/// samples at layer boundaries (and inside max-pool's backward, where SimpleModel peaks), and
+/// the estimate predicts the peak itself.
 const WITHIN: f64 = 0.15;
-
-/// The same for SimpleModel's composed layers, whose peak lies inside the max-pool's backward
-/// (the conv output's gradient beside the pool's input), between two boundaries: the samples
-/// see 24% less than that peak (2026-12-06, llvmpipe, f32 batch 32).
-const WITHIN_BETWEEN_BOUNDARIES: f64 = 0.25;
 
 /// 20 steps of 32 at lr 3e-4: the loss falls by half on the CPU with the same numbers.
 const SIMPLE: [&str; 8] = [
@@ -91,7 +87,8 @@ const SIMPLE: [&str; 8] = [
 
 /// SimpleModel learns in f32 and in f16-mixed on a real CubeCL pool; f16 activations lower
 /// the device peak; the summary names the adapter and how the peak was measured; the timeline
-/// holds both passes and its highest sample is the reported peak.
+/// holds both passes and its highest sample, inside the max-pool's backward, is the reported
+/// peak, within 15% of the estimate.
 #[test]
 fn simple_model_learns_on_wgpu_in_f32_and_f16_mixed() {
     let (f32s, f32_dir) = wgpu("wgpu-f32", "configs/f32.toml", &SIMPLE);
@@ -124,13 +121,56 @@ fn simple_model_learns_on_wgpu_in_f32_and_f16_mixed() {
                 );
             }
         }
-        let highest = rows.iter().map(|r| r.2).max().unwrap();
-        assert_eq!(highest as f64, peak, "the timeline is the peak window");
-        within_estimate(s, WITHIN_BETWEEN_BOUNDARIES);
+        let highest = rows.iter().max_by_key(|r| r.2).unwrap();
+        assert_eq!(highest.2 as f64, peak, "the timeline is the peak window");
+        // The max-pool's input gradient beside its input, output gradient and argmax: seen
+        // only from inside its backward (the boundaries around it see one side each).
+        assert_eq!((&*highest.0, &*highest.1), ("backward", "pool (inside)"));
+        within_estimate(s, WITHIN);
     }
     assert_eq!(amp["precision"], "f16-mixed");
     let ratio = bytes(&amp, "peak_bytes") / bytes(&f32s, "peak_bytes");
     assert!(ratio < 0.9, "f16-mixed / f32 device peak = {ratio}");
+}
+
+/// Every shipped config's device peak on a CubeCL pool lies within 15% of its estimate (two
+/// steps of 16; MobileNet and ResNet at α = 1/4, as the estimate takes any width). A config
+/// whose precision the adapter cannot compute (bf16 on llvmpipe) is refused with one line.
+#[test]
+fn every_shipped_config_is_within_the_estimate_on_wgpu() {
+    for config in super::common::shipped_configs() {
+        let name = Path::new(&config).file_stem().unwrap().to_string_lossy();
+        let text = std::fs::read_to_string(super::common::root().join(&config)).unwrap();
+        let toml: toml::Table = text.parse().unwrap();
+        let mut extra = vec!["--max-steps", "2", "--set", "train.batch_size=16"];
+        extra.extend(["--set", "data.train_size=64"]);
+        if toml["model"]["name"].as_str() != Some("simple") {
+            extra.extend(["--set", "model.width_multiplier=0.25"]);
+        }
+        let mut args = vec!["--config", &config, "--backend", "wgpu"];
+        args.extend(&extra);
+        let dir = temp(&format!("wgpu-every-{name}"));
+        let out_dir = format!("train.output_dir={}", arg(&dir));
+        let json = arg(&dir.join("s.json"));
+        args.extend(["--set", &out_dir, "--summary-json", &json]);
+        args.extend(["--set", "data.eval_size=16"]);
+        let out = run_env(&args, &ENV);
+        let mode = toml.get("precision").and_then(|p| p.get("mode"));
+        let bf16 = mode.and_then(|m| m.as_str()) == Some("bf16-mixed");
+        if bf16 && !out.status.success() {
+            assert_eq!(out.status.code(), Some(2), "{config}: {}", stderr(&out));
+            let line = stderr(&out);
+            assert!(
+                line.trim().ends_with(
+                    "does not support bf16 arithmetic on this device; use \"f32\" or \"f16-mixed\""
+                ),
+                "{config}: {line}"
+            );
+            continue;
+        }
+        assert!(out.status.success(), "{config}: {}", stderr(&out));
+        within_estimate(&summary(&dir.join("s.json")), WITHIN);
+    }
 }
 
 const MOBILENET: [&str; 8] = [
