@@ -55,10 +55,10 @@ pub(crate) fn bounded_slices<B: Kernels>(
 /// (`limit`: the CPU's cache size, smaller than any budget at SimpleModel's sizes), else
 /// `budget`. The fused block's budget is its pooled output for the whole batch, so that its
 /// full-resolution tensors never outweigh what it keeps anyway: k² slices for a k×k pool on
-/// CubeCL. Measured on wgpu (llvmpipe, 2026-12-06, SimpleModel f32, batch 32, kernel launches
-/// per training step, peak reserved): slices of [`SLICE_VALUES`] (16 of 2 images) 741 and
-/// 8 MiB; the whole batch at once 57 and 48 MiB (more than the composed layers' 40); these 4
-/// slices of 8 images 126 and 16 MiB.
+/// CubeCL. Measured on wgpu (llvmpipe, 2026-12-06, SimpleModel at batch 32; kernel launches
+/// per training step in f32, peak reserved in f16-mixed): slices of [`SLICE_VALUES`] (16 of 2
+/// images) 741 and 8 MiB; the whole batch at once 57 and 48 MiB (more than the composed
+/// layers' 40); these 4 slices of 8 images 126 and 16 MiB.
 pub(crate) fn bounded_limit(limit: Option<usize>, budget: usize) -> usize {
     limit.unwrap_or(budget).max(1)
 }
