@@ -137,7 +137,8 @@ compare() {
   fi
   wanted "$name" || return 0
   [[ " $* " != *" --backend wgpu "* ]] || figure_stamp=$stamp_wgpu
-  trainer compare "$@" --note "$figure_stamp" --out "$work/$name" >/dev/null
+  # The work folder is this script's own: a second run replaces the first's reports.
+  trainer compare "$@" --note "$figure_stamp" --out "$work/$name" --overwrite >/dev/null
   {
     echo '```sh'
     echo "trainer compare $* --out $work/$name"
