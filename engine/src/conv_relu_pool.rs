@@ -20,7 +20,7 @@
 //! backend's ops run a slice of images at a time on every backend
 //! ([`bounded_slices`](crate::slices::bounded_slices)): that is the op's memory saving. A slice
 //! is the CPU's cache-sized slice on the CPU, and the pooled output's size for the whole batch
-//! on CubeCL (k² slices).
+//! on CubeCL (k² slices when k² divides the batch).
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -221,9 +221,10 @@ pub(crate) fn forward_sliced<B: Kernels>(
     // Each slice is written into one output allocated at the first slice: collecting the
     // slices and concatenating them would hold the pooled output twice at the end.
     let (mut all_out, mut all_pos) = (None, None);
-    // The full-resolution conv output exists for one slice at a time.
-    let pooled = n * c_out * (h / k) * (w / k);
-    for (start, len) in bounded_slices::<B>(n, c_out * h * w, pooled) {
+    // The full-resolution conv output exists for one slice at a time; the budget is a k²-th of
+    // the batch's, as in backward (the same slices).
+    let per_image = c_out * h * w;
+    for (start, len) in bounded_slices::<B>(n, per_image, n * per_image / (k * k)) {
         let z = B::conv2d(
             rows::<B, 4>(x, start, len),
             weight.clone(),

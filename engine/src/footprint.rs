@@ -121,7 +121,8 @@ pub enum Layer {
     },
     /// Burn's ReLU over `elements` values per image.
     Relu { elements: u64 },
-    /// Burn's max-pool with indices, `input` → `output` values per image.
+    /// Max-pool with indices ([the engine's](crate::max_pool), Burn's computation), `input` →
+    /// `output` values per image.
     MaxPool { input: u64, output: u64 },
     /// The engine's batch norm ([`batch_norm`](crate::batch_norm)) over `elements` values per
     /// image, `channels` of them.

@@ -38,7 +38,7 @@ pub(crate) fn slices<B: Kernels>(
 
 /// [`slices`] for an op whose slicing is its memory saving, not a kernel's tuning: the [fused
 /// conv → ReLU → pool block](crate::conv_relu_pool), whose full-resolution tensors exist a
-/// slice at a time. A slice holds at most `budget` values (see [`bounded_limit`]).
+/// slice at a time. A slice holds at most [`bounded_limit`]'s values, and at least one image.
 pub(crate) fn bounded_slices<B: Kernels>(
     batch: usize,
     per_image: usize,
@@ -52,18 +52,20 @@ pub(crate) fn bounded_slices<B: Kernels>(
 }
 
 /// Values per slice for [`bounded_slices`]: a backend's own slice size where it has one
-/// (`limit`: the CPU's cache size, smaller than any budget at SimpleModel's sizes), else
-/// `budget`. The fused block's budget is its pooled output for the whole batch, so that its
-/// full-resolution tensors never outweigh what it keeps anyway: k² slices for a k×k pool on
-/// CubeCL. Measured on wgpu (llvmpipe, 2026-12-06, SimpleModel at batch 32; kernel launches
+/// (`limit`: the CPU's cache size, which the CPU keeps whatever the budget), else `budget`.
+/// The fused block's budget is its pooled output for the whole batch, so that its
+/// full-resolution tensors never outweigh what it keeps anyway: on CubeCL, k² slices for a k×k
+/// pool when k² divides the batch (`batch` slices of one image below k² images). Measured on wgpu (llvmpipe, 2026-12-06, SimpleModel at batch 32; kernel launches
 /// per training step in f32, peak reserved in f16-mixed): slices of [`SLICE_VALUES`] (16 of 2
 /// images) 741 and 8 MiB; the whole batch at once 57 and 48 MiB (more than the composed
 /// layers' 40); these 4 slices of 8 images 126 and 16 MiB.
-pub(crate) fn bounded_limit(limit: Option<usize>, budget: usize) -> usize {
+pub fn bounded_limit(limit: Option<usize>, budget: usize) -> usize {
     limit.unwrap_or(budget).max(1)
 }
 
-fn slices_of(
+/// `(start, length)` of each slice of a batch of `batch` images of `per_image` values, for
+/// slices of at most `limit` values (`None`: the whole batch), each at least one image.
+pub fn slices_of(
     limit: Option<usize>,
     batch: usize,
     per_image: usize,
@@ -78,7 +80,7 @@ fn slices_of(
 /// makes them for slices of at most `limit` values (a family's
 /// [`slice_values`](crate::footprint::Family::slice_values), or [`bounded_limit`]'s):
 /// what an op that works slice by slice has alive per slice.
-pub(crate) fn slice_values(limit: Option<usize>, batch: u64, per_image: u64) -> u64 {
+pub fn slice_values(limit: Option<usize>, batch: u64, per_image: u64) -> u64 {
     let per = per_slice(limit, batch as usize, per_image as usize) as u64;
     per * per_image
 }

@@ -15,6 +15,8 @@ mod pool;
 /// Parameter counts against the article, the paper, Keras and torchvision; output shapes; bad
 /// configs.
 mod shapes;
+/// The fused block's slices: by its output on CubeCL, by the cache size on the CPU.
+mod slices;
 
 use burn_models::{Precision, RunContext};
 
