@@ -7,7 +7,7 @@
 use crate::footprint::{Footprint, Sizes};
 
 /// Only the part of `saved` that is a ReLU's output can be recomputed instead of kept.
-fn recomputable(relu_input: bool, bytes: u64) -> u64 {
+pub(crate) fn recomputable(relu_input: bool, bytes: u64) -> u64 {
     if relu_input {
         bytes
     } else {

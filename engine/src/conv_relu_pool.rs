@@ -183,7 +183,7 @@ pub(crate) fn backward_sliced<B: Kernels>(
 ) -> [Option<FloatTensor<B>>; 3] {
     let [n, c, ho, wo] = dout.shape().dims();
     let (mut dw, mut db, mut dx) = (None, None, None);
-    for (start, len) in bounded_slices::<B>(n, c * ho * wo * k * k, n * c * ho * wo) {
+    for (start, len) in bounded_slices::<B>(n, c * ho * wo * k * k, k) {
         let g = B::relu_backward(
             rows::<B, 4>(out, start, len),
             rows::<B, 4>(dout, start, len),
@@ -221,10 +221,8 @@ pub(crate) fn forward_sliced<B: Kernels>(
     // Each slice is written into one output allocated at the first slice: collecting the
     // slices and concatenating them would hold the pooled output twice at the end.
     let (mut all_out, mut all_pos) = (None, None);
-    // The full-resolution conv output exists for one slice at a time; the budget is a k²-th of
-    // the batch's, as in backward (the same slices).
-    let per_image = c_out * h * w;
-    for (start, len) in bounded_slices::<B>(n, per_image, n * per_image / (k * k)) {
+    // The full-resolution conv output exists for one slice at a time (backward's slices).
+    for (start, len) in bounded_slices::<B>(n, c_out * h * w, k) {
         let z = B::conv2d(
             rows::<B, 4>(x, start, len),
             weight.clone(),

@@ -21,6 +21,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor, MaxPool2dWithIndices};
 
 use crate::boundary::{Boundary, Pass};
+use crate::composed;
 use crate::context::RunContext;
 use crate::footprint::{Footprint, Sizes};
 
@@ -117,7 +118,7 @@ pub(crate) fn footprint(s: &Sizes, input: u64, output: u64, relu_input: bool) ->
     Footprint {
         saved: kept + s.batch * output * s.index,
         saved_values: s.batch * (input + output),
-        recomputable: if relu_input { kept } else { 0 },
+        recomputable: composed::recomputable(relu_input, kept),
         backward: match s.cpu_bf16_f32(1) {
             0 => s.acts(input + output),
             _ => in_f32.max(rounding),

@@ -37,13 +37,15 @@ pub(crate) fn slices<B: Kernels>(
 }
 
 /// [`slices`] for an op whose slicing is its memory saving, not a kernel's tuning: the [fused
-/// conv → ReLU → pool block](crate::conv_relu_pool), whose full-resolution tensors exist a
-/// slice at a time. A slice holds at most [`bounded_limit`]'s values, and at least one image.
+/// conv → ReLU → pool block](crate::conv_relu_pool), whose full-resolution tensors (`per_image`
+/// values an image) exist a slice at a time, and whose `k`×`k` pool makes its output a k²-th of
+/// them: the budget [`bounded_limit`] takes. At least one image a slice.
 pub(crate) fn bounded_slices<B: Kernels>(
     batch: usize,
     per_image: usize,
-    budget: usize,
+    k: usize,
 ) -> impl Iterator<Item = (usize, usize)> {
+    let budget = batch * per_image / (k * k).max(1);
     slices_of(
         Some(bounded_limit(B::slice_values(), budget)),
         batch,

@@ -13,8 +13,9 @@ use super::common::{
 /// Minimal autotune: fewer kernels to time on a CPU-speed device (the docs say what it costs).
 const ENV: [(&str, &str); 1] = [("CUBECL_AUTOTUNE_LEVEL", "minimal")];
 
-/// Trains `config` on wgpu with `extra` flags in a fresh folder; returns its summary and folder.
-fn wgpu(name: &str, config: &str, extra: &[&str]) -> (serde_json::Value, std::path::PathBuf) {
+/// Runs `trainer` on `config` on wgpu with `extra` flags in a fresh folder (summary at
+/// `s.json` there); returns how it ended and the folder.
+fn launch(name: &str, config: &str, extra: &[&str]) -> (std::process::Output, std::path::PathBuf) {
     let dir = temp(name);
     let (out_dir, json) = (
         format!("train.output_dir={}", arg(&dir)),
@@ -24,15 +25,20 @@ fn wgpu(name: &str, config: &str, extra: &[&str]) -> (serde_json::Value, std::pa
     let mut args = vec!["--config", config, "--backend", "wgpu", "--set", &out_dir];
     args.extend(["--summary-json", &json_arg, "--set", "data.eval_size=32"]);
     args.extend(extra);
-    let out = run_env(&args, &ENV);
+    (run_env(&args, &ENV), dir)
+}
+
+/// Trains `config` on wgpu with `extra` flags in a fresh folder; returns its summary and folder.
+fn wgpu(name: &str, config: &str, extra: &[&str]) -> (serde_json::Value, std::path::PathBuf) {
+    let (out, dir) = launch(name, config, extra);
     assert!(
         out.status.success(),
-        "trainer {args:?} on wgpu failed ({}); a Vulkan driver is needed (apt-get install \
-         mesa-vulkan-drivers):\n{}",
+        "trainer {config} {extra:?} on wgpu failed ({}); a Vulkan driver is needed (apt-get \
+         install mesa-vulkan-drivers):\n{}",
         out.status,
         stderr(&out)
     );
-    (summary(&json), dir)
+    (summary(&dir.join("s.json")), dir)
 }
 
 fn bytes(s: &serde_json::Value, key: &str) -> f64 {
@@ -147,14 +153,7 @@ fn every_shipped_config_is_within_the_estimate_on_wgpu() {
         if toml["model"]["name"].as_str() != Some("simple") {
             extra.extend(["--set", "model.width_multiplier=0.25"]);
         }
-        let mut args = vec!["--config", &config, "--backend", "wgpu"];
-        args.extend(&extra);
-        let dir = temp(&format!("wgpu-every-{name}"));
-        let out_dir = format!("train.output_dir={}", arg(&dir));
-        let json = arg(&dir.join("s.json"));
-        args.extend(["--set", &out_dir, "--summary-json", &json]);
-        args.extend(["--set", "data.eval_size=16"]);
-        let out = run_env(&args, &ENV);
+        let (out, dir) = launch(&format!("wgpu-every-{name}"), &config, &extra);
         let mode = toml.get("precision").and_then(|p| p.get("mode"));
         let bf16 = mode.and_then(|m| m.as_str()) == Some("bf16-mixed");
         if bf16 && !out.status.success() {
