@@ -42,6 +42,18 @@ pub fn bn_relu_forward(
     beta: &FlexTensor,
     epsilon: f64,
 ) -> Option<[FlexTensor; 4]> {
+    batch_norm_forward(z, gamma, beta, epsilon, true)
+}
+
+/// [`bn_relu_forward`] with the ReLU (`relu`) or without it: the composed batch-norm layer's
+/// forward, `[BN(z), μ, σ², 1/√(σ² + ε)]`.
+pub fn batch_norm_forward(
+    z: &FlexTensor,
+    gamma: &FlexTensor,
+    beta: &FlexTensor,
+    epsilon: f64,
+    relu: bool,
+) -> Option<[FlexTensor; 4]> {
     let dims = dims4(z)?;
     let c = dims[1];
     let rows = dims[0] * dims[2] * dims[3];
@@ -71,11 +83,47 @@ pub fn bn_relu_forward(
         Vec::new,
         |wide, i, out| {
             let input = values_in(&z, i * per * c, out.len(), wide);
-            normalize_rows(input, [&mean, &scale, &beta], out);
+            normalize_rows(input, [&mean, &scale, &beta], relu, out);
         },
     );
     let vector = |v: Vec<f32>| stored(v, vec![c], DType::F32);
     Some([relabel(out, dims), vector(mean), vector(var), vector(rstd)])
+}
+
+/// Evaluation-mode batch norm: `(z − μ)·(r·γ) + β` with the running `mean` and `var` (f32
+/// `[c]`, r = 1/√(var + ε)), in `z`'s dtype (f32, f16 or bf16) and channels last, computed in
+/// f32 and rounded once. `None` for anything else.
+pub fn batch_norm_inference(
+    z: &FlexTensor,
+    [gamma, beta, mean, var]: [&FlexTensor; 4],
+    epsilon: f64,
+) -> Option<FlexTensor> {
+    let dims = dims4(z)?;
+    let c = dims[1];
+    let rows = dims[0] * dims[2] * dims[3];
+    let vectors = [gamma, beta, mean, var];
+    if !(supported(z) && per_channel(&vectors, c)) || rows * c == 0 {
+        return None;
+    }
+    let [gamma, beta, mean, var] = vectors.map(|v| values(v, 0, c).into_owned());
+    let scale: Vec<f32> = var
+        .iter()
+        .zip(&gamma)
+        .map(|(v, g)| g / (v + epsilon as f32).sqrt())
+        .collect();
+    let z = channels_last(z);
+    let per = task_rows(c);
+    let out = build(
+        dims.to_vec(),
+        per * c,
+        z.dtype(),
+        Vec::new,
+        |wide, i, out| {
+            let input = values_in(&z, i * per * c, out.len(), wide);
+            normalize_rows(input, [&mean, &scale, &beta], false, out);
+        },
+    );
+    Some(relabel(out, dims))
 }
 
 /// `[dz, dγ, dβ]` for a `[n, c, h, w]` `z` (f32, f16 or bf16: the conv output batch norm
@@ -85,7 +133,19 @@ pub fn bn_relu_forward(
 pub fn bn_relu_backward(
     z: &FlexTensor,
     dout: &FlexTensor,
+    stats: [&FlexTensor; 4],
+) -> Option<[FlexTensor; 3]> {
+    batch_norm_backward(z, dout, stats, true)
+}
+
+/// [`bn_relu_backward`] with the ReLU (`relu`: `dout` is the ReLU output's gradient) or
+/// without it (`dout` is batch norm's output gradient): the composed batch-norm layer's
+/// backward, `[dz, dγ, dβ]`.
+pub fn batch_norm_backward(
+    z: &FlexTensor,
+    dout: &FlexTensor,
     [gamma, beta, mean, rstd]: [&FlexTensor; 4],
+    relu: bool,
 ) -> Option<[FlexTensor; 3]> {
     let dims = dims4(z)?;
     let c = dims[1];
@@ -104,6 +164,7 @@ pub fn bn_relu_backward(
     let at = Saved {
         stats: [&mean, &scale, &beta, &rstd],
         dtype: z.dtype(),
+        relu,
     };
 
     // Pass 1: Σ dy and Σ dy·x̂ per channel.
@@ -272,6 +333,8 @@ fn column_sums<const K: usize, S: Default>(
 struct Saved<'a> {
     stats: [&'a [f32]; 4],
     dtype: DType,
+    /// Whether a ReLU follows (its mask applies to the gradient).
+    relu: bool,
 }
 
 /// y = (z − μ)·(r·γ) + β for one row, as forward made it (rounded to the activations' dtype):
@@ -287,6 +350,22 @@ fn forward_row(z: &[f32], at: Saved<'_>, y: &mut [f32]) {
     if at.dtype != DType::F32 {
         round_through(y, at.dtype);
     }
+}
+
+/// One row's gradient of batch norm's output: `g` where the ReLU passed (its mask rebuilt
+/// into `y` from the row of `z`), or `g` itself when no ReLU follows.
+#[inline(always)]
+fn masked<'a>(z: &[f32], g: &'a [f32], at: Saved<'_>, y: &'a mut [f32]) -> &'a [f32] {
+    if !at.relu {
+        return g;
+    }
+    forward_row(z, at, y);
+    let c = y.len();
+    let g = &g[..c];
+    for j in 0..c {
+        y[j] = pass_where(y[j], g[j]);
+    }
+    y
 }
 
 // The row kernels: `[rows, c]` slices against per-channel `[c]` vectors, each loop a vector
@@ -321,15 +400,21 @@ wide_simd! {
 }
 
 wide_simd! {
-    /// `out = relu((x − μ)·scale + β)` row by row.
-    fn normalize_rows(x: &[f32], at: [&[f32]; 3], out: &mut [f32]) {
+    /// `out = relu((x − μ)·scale + β)` row by row (without the ReLU unless `relu`).
+    fn normalize_rows(x: &[f32], at: [&[f32]; 3], relu: bool, out: &mut [f32]) {
         let [mean, scale, beta] = at;
         let c = mean.len();
         let (scale, beta) = (&scale[..c], &beta[..c]);
         for (o, x) in out.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
-            for j in 0..c {
-                let y = normalized(x[j], mean[j], scale[j], beta[j]);
-                o[j] = pass_where(y, y);
+            if relu {
+                for j in 0..c {
+                    let y = normalized(x[j], mean[j], scale[j], beta[j]);
+                    o[j] = pass_where(y, y);
+                }
+            } else {
+                for j in 0..c {
+                    o[j] = normalized(x[j], mean[j], scale[j], beta[j]);
+                }
             }
         }
     }
@@ -345,11 +430,10 @@ wide_simd! {
         let (rstd, y) = (&rstd[..c], &mut y[..c]);
         let (sum_dy, sum_dyx) = acc.split_at_mut(c);
         for (z, g) in z.chunks_exact(c).zip(dout.chunks_exact(c)) {
-            forward_row(z, at, y);
+            let dy = masked(z, g, at, y);
             for j in 0..c {
-                let dy = pass_where(y[j], g[j]);
-                sum_dy[j] += dy;
-                sum_dyx[j] += dy * ((z[j] - mean[j]) * rstd[j]);
+                sum_dy[j] += dy[j];
+                sum_dyx[j] += dy[j] * ((z[j] - mean[j]) * rstd[j]);
             }
         }
     }
@@ -366,10 +450,10 @@ wide_simd! {
         let (mean_dy, mean_dyx) = (&mean_dy[..c], &mean_dyx[..c]);
         let rows = z.chunks_exact(c).zip(dout.chunks_exact(c));
         for ((z, g), o) in rows.zip(out.chunks_exact_mut(c)) {
-            forward_row(z, at, y);
+            let dy = masked(z, g, at, y);
             for j in 0..c {
-                let (dy, xhat) = (pass_where(y[j], g[j]), (z[j] - mean[j]) * rstd[j]);
-                o[j] = (dy - mean_dy[j] - xhat * mean_dyx[j]) * scale[j];
+                let xhat = (z[j] - mean[j]) * rstd[j];
+                o[j] = (dy[j] - mean_dy[j] - xhat * mean_dyx[j]) * scale[j];
             }
         }
     }

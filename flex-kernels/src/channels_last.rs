@@ -44,7 +44,7 @@ pub(super) fn is_channels_last(t: &FlexTensor) -> bool {
 }
 
 /// Whether `t` is a 4-D tensor whose buffer holds exactly its values, `[n, c, h, w]` in order.
-fn is_channels_first(t: &FlexTensor) -> bool {
+pub(super) fn is_channels_first(t: &FlexTensor) -> bool {
     let size = t.bytes().len() / t.dtype().size().max(1);
     dims4(t).is_some()
         && t.layout().is_contiguous()

@@ -23,7 +23,7 @@ use rayon::prelude::*;
 
 use super::half_slices::Half;
 use super::relu_pool::pool_plane_f32;
-use super::values::{supported, values, widen_into};
+use super::values::{build, supported, values, widen_into};
 
 /// Output places per gemm call: Flex's tile size, so that gemm sums each place the same way.
 const TILE: usize = 512;
@@ -50,6 +50,90 @@ pub fn conv_relu_pool_forward(
         bias.to_contiguous(),
     );
     Some(forward(&g, [&x, &weight, &bias]))
+}
+
+/// `conv(x, weight) + bias`, channels first, for the same operands and geometry as
+/// [`conv_relu_pool_forward`] (stride 1, one group): the composed conv layer's forward with
+/// the block's arithmetic (Flex's im2col path's: the same bits as Flex's conv for more than 16
+/// output channels, and as the fused block's conv before its pool). `None` for anything
+/// else.
+pub fn conv_bias_first(
+    x: &FlexTensor,
+    weight: &FlexTensor,
+    bias: &FlexTensor,
+    options: &ConvOptions<2>,
+) -> Option<FlexTensor> {
+    let g = Geometry::of(x, weight, bias, options, 1)?;
+    if !supported(x) {
+        return None;
+    }
+    let (x, weight, bias) = (
+        x.to_contiguous(),
+        weight.to_contiguous(),
+        bias.to_contiguous(),
+    );
+    let (taps, plane, conv) = (g.taps(), g.h * g.w, g.ch * g.cw);
+    let w_rows = weight_rows(&g, &weight);
+    let b = values(&bias, 0, g.c_out);
+    let dtype = x.dtype();
+    let scratch = || {
+        (
+            vec![0f32; g.c_in * plane],
+            vec![0f32; TILE.min(conv) * taps],
+            Round::default(),
+        )
+    };
+    let dims = vec![g.n, g.c_out, g.ch, g.cw];
+    Some(build(
+        dims,
+        g.c_out * conv,
+        dtype,
+        scratch,
+        |(image, cols, round), img, z| {
+            widen_into(&x, img * g.c_in * plane, image);
+            conv_planes(&g, [image, cols], &w_rows, z);
+            for (zc, &b) in z.chunks_exact_mut(conv).zip(b.iter()) {
+                bias_rounded(zc, b, dtype, round);
+            }
+        },
+    ))
+}
+
+/// The weight as gemm's left operand `[c_out, taps]`, taps in (ky, kx, channel) order.
+fn weight_rows(g: &Geometry, weight: &FlexTensor) -> Vec<f32> {
+    let taps = g.taps();
+    let w = values(weight, 0, g.c_out * taps);
+    let mut w_rows = vec![0f32; g.c_out * taps];
+    for (co, row) in w_rows.chunks_exact_mut(taps).enumerate() {
+        for ci in 0..g.c_in {
+            for t in 0..g.kh * g.kw {
+                row[t * g.c_in + ci] = w[(co * g.c_in + ci) * g.kh * g.kw + t];
+            }
+        }
+    }
+    w_rows
+}
+
+/// One image's conv output planes `z [c_out, ch·cw]` (f32, before the bias) from its f32
+/// `image`, a tile of places at a time through the `cols` buffer.
+fn conv_planes(g: &Geometry, [image, cols]: [&mut [f32]; 2], w_rows: &[f32], z: &mut [f32]) {
+    let (taps, conv) = (g.taps(), g.ch * g.cw);
+    for first in (0..conv).step_by(TILE) {
+        let len = TILE.min(conv - first);
+        let rows = &mut cols[..len * taps];
+        g.patches(image, first, rows);
+        gemm_tile([g.c_out, len, taps], w_rows, rows, &mut z[first..], conv);
+    }
+}
+
+/// A plane's bias added with Flex's rounding: f16 rounds gemm's sum, then the sum plus the
+/// bias; bf16 (computed in f32) the sum plus the bias once.
+fn bias_rounded(zc: &mut [f32], b: f32, dtype: DType, round: &mut Round) {
+    if dtype == DType::F16 {
+        round.through(zc, dtype);
+    }
+    zc.iter_mut().for_each(|v| *v += b);
+    round.through(zc, dtype);
 }
 
 /// The sizes the kernel walks: `n` images of `c_in × h × w`, a `c_out × c_in × kh × kw`
@@ -162,16 +246,7 @@ fn forward(g: &Geometry, [x, weight, bias]: [&FlexTensor; 3]) -> (FlexTensor, Fl
     let (taps, plane, conv) = (g.taps(), g.h * g.w, g.ch * g.cw);
     let (ho, wo) = (g.ch / g.k, g.cw / g.k);
     let pooled = ho * wo;
-    // The weight as gemm's left operand `[c_out, taps]`, taps in (ky, kx, channel) order.
-    let w = values(weight, 0, g.c_out * taps);
-    let mut w_rows = vec![0f32; g.c_out * taps];
-    for (co, row) in w_rows.chunks_exact_mut(taps).enumerate() {
-        for ci in 0..g.c_in {
-            for t in 0..g.kh * g.kw {
-                row[t * g.c_in + ci] = w[(co * g.c_in + ci) * g.kh * g.kw + t];
-            }
-        }
-    }
+    let w_rows = weight_rows(g, weight);
     let b = values(bias, 0, g.c_out);
     let dtype = x.dtype();
     // One image: its output planes in f32 into `out32`, its winners into `pos`.
@@ -184,21 +259,10 @@ fn forward(g: &Geometry, [x, weight, bias]: [&FlexTensor; 3]) -> (FlexTensor, Fl
             out32,
         } = scratch;
         widen_into(x, img * g.c_in * plane, image);
-        for first in (0..conv).step_by(TILE) {
-            let len = TILE.min(conv - first);
-            let rows = &mut cols[..len * taps];
-            g.patches(image, first, rows);
-            gemm_tile([g.c_out, len, taps], &w_rows, rows, &mut z[first..], conv);
-        }
+        conv_planes(g, [image, cols], &w_rows, z);
         let planes = z.chunks_exact_mut(conv).zip(out32.chunks_exact_mut(pooled));
         for (c, ((zc, o), p)) in planes.zip(pos.chunks_exact_mut(pooled)).enumerate() {
-            // Flex's rounding: f16 rounds gemm's sum, then the sum plus the bias; bf16
-            // (computed in f32) the sum plus the bias once.
-            if dtype == DType::F16 {
-                round.through(zc, dtype);
-            }
-            zc.iter_mut().for_each(|v| *v += b[c]);
-            round.through(zc, dtype);
+            bias_rounded(zc, b[c], dtype, round);
             pool_plane_f32(zc, [g.ch, g.cw, g.k], o, p);
         }
     };

@@ -7,16 +7,30 @@
 /// is zero or a stride reaches past its slice (computed without overflow), so no call reads or
 /// writes outside the slices it was given.
 pub(crate) fn gemm_into(
-    (rows, cols, inner): (usize, usize, usize),
+    dims: (usize, usize, usize),
     (dst, dst_rs): (&mut [f32], usize),
     add: bool,
     lhs: (&[f32], (usize, usize)),
     rhs: (&[f32], (usize, usize)),
     parallel: bool,
 ) {
+    gemm_into_strided(dims, (dst, (dst_rs, 1)), add, lhs, rhs, parallel)
+}
+
+/// [`gemm_into`] with a destination of any (row, column) strides: `(1, rows)` writes the
+/// product transposed (column-major), as a channels-first image's `[channels, places]` planes
+/// take a `[places, channels]` product.
+pub(crate) fn gemm_into_strided(
+    (rows, cols, inner): (usize, usize, usize),
+    (dst, (dst_rs, dst_cs)): (&mut [f32], (usize, usize)),
+    add: bool,
+    lhs: (&[f32], (usize, usize)),
+    rhs: (&[f32], (usize, usize)),
+    parallel: bool,
+) {
     assert!(
-        reach(rows, cols, dst_rs, 1).is_some_and(|r| r <= dst.len()),
-        "gemm: the destination [{rows}, {cols}] (row stride {dst_rs}) lies outside its {} values",
+        reach(rows, cols, dst_rs, dst_cs).is_some_and(|r| r <= dst.len()),
+        "gemm: the destination [{rows}, {cols}] (strides {dst_rs}, {dst_cs}) lies outside its {} values",
         dst.len()
     );
     // SAFETY: the assert keeps every destination address inside `dst`, which holds
@@ -24,7 +38,7 @@ pub(crate) fn gemm_into(
     unsafe {
         gemm_raw(
             (rows, cols, inner),
-            (dst.as_mut_ptr(), dst_rs),
+            (dst.as_mut_ptr(), (dst_rs, dst_cs)),
             add,
             lhs,
             rhs,
@@ -63,7 +77,7 @@ pub(crate) fn gemm_new(
     unsafe {
         gemm_raw(
             (rows, cols, inner),
-            (out.as_mut_ptr(), cols),
+            (out.as_mut_ptr(), (cols, 1)),
             false,
             lhs,
             rhs,
@@ -74,15 +88,15 @@ pub(crate) fn gemm_new(
     out
 }
 
-/// `dst [rows, cols] (= or +=) lhs · rhs` in f32 through a raw destination with row stride
-/// `dst_rs` (column stride 1). The operands' reach is checked here.
+/// `dst [rows, cols] (= or +=) lhs · rhs` in f32 through a raw destination with strides
+/// `(dst_rs, dst_cs)`. The operands' reach is checked here.
 ///
 /// # Safety
-/// `dst` must be valid for writes at `i · dst_rs + j` for every `i < rows`, `j < cols`, and
-/// for reads there when `add`.
+/// `dst` must be valid for writes at `i · dst_rs + j · dst_cs` for every `i < rows`,
+/// `j < cols`, and for reads there when `add`.
 unsafe fn gemm_raw(
     (rows, cols, inner): (usize, usize, usize),
-    (dst, dst_rs): (*mut f32, usize),
+    (dst, (dst_rs, dst_cs)): (*mut f32, (usize, usize)),
     add: bool,
     (lhs, (l_rs, l_cs)): (&[f32], (usize, usize)),
     (rhs, (r_rs, r_cs)): (&[f32], (usize, usize)),
@@ -107,14 +121,14 @@ unsafe fn gemm_raw(
     // Strides as gemm takes them; each fits an isize, since it reached inside a slice.
     let signed = |v: usize| v as isize;
     // SAFETY: the asserts above keep every address the strides form inside the slices; the
-    // caller vouches for `dst` with row stride `dst_rs`.
+    // caller vouches for `dst` with strides `(dst_rs, dst_cs)`.
     unsafe {
         gemm::gemm(
             rows,
             cols,
             inner,
             dst,
-            1,
+            signed(dst_cs),
             signed(dst_rs),
             add,
             lhs.as_ptr(),

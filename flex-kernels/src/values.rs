@@ -147,10 +147,17 @@ pub(super) fn build<S>(
 
 /// f32 `values` stored as `dtype`, shaped `shape`.
 pub(super) fn stored(values: Vec<f32>, shape: Vec<usize>, dtype: DType) -> FlexTensor {
+    // Rounded through the half types' slice conversions (F16C where the CPU has it).
     let bytes = match dtype {
-        DType::F16 => Bytes::from_elems(values.into_iter().map(f16::from_f32).collect::<Vec<_>>()),
+        DType::F16 => {
+            let mut out = vec![f16::ZERO; values.len()];
+            f16::narrow(&values, &mut out);
+            Bytes::from_elems(out)
+        }
         DType::BF16 => {
-            Bytes::from_elems(values.into_iter().map(bf16::from_f32).collect::<Vec<_>>())
+            let mut out = vec![bf16::ZERO; values.len()];
+            bf16::narrow(&values, &mut out);
+            Bytes::from_elems(out)
         }
         _ => Bytes::from_elems(values),
     };
