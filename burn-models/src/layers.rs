@@ -10,24 +10,34 @@ use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, PaddingConfig2d};
 use burn::tensor::module;
 use burn::tensor::ops::ConvOptions;
-use burn::tensor::{activation, backend::Backend, Tensor, TensorMetadata, TensorPrimitive};
+use burn::tensor::{backend::Backend, Tensor, TensorMetadata, TensorPrimitive};
 
 use oomlab_engine::{
     cast, BatchNormOutput, Boundary, Layer, ModelBackend, Plan, PoolWindow, RunContext,
 };
 
-/// A 2D convolution computed in the policy's compute dtype.
+/// A 2D convolution computed in the policy's compute dtype, as the engine's composed conv op
+/// ([`conv2d`](oomlab_engine::conv2d)): what Burn's conv keeps, the backend's fast kernels.
 ///
 /// # Shapes
 /// `[batch, c_in, h, w]` → `[batch, c_out, h_out, w_out]`
-pub fn conv2d<B: Backend>(cx: &RunContext, layer: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+pub fn conv2d<B: ModelBackend>(
+    cx: &RunContext,
+    layer: &Conv2d<B>,
+    x: Tensor<B, 4>,
+) -> Tensor<B, 4> {
     let p = &cx.precision;
-    module::conv2d(
-        p.compute(x),
-        p.compute(layer.weight.val()),
-        layer.bias.as_ref().map(|b| p.compute(b.val())),
+    let prim = |t: Tensor<B, 4>| t.into_primitive().tensor();
+    let out = B::conv2d_layer(
+        prim(p.compute(x)),
+        prim(p.compute(layer.weight.val())),
+        layer
+            .bias
+            .as_ref()
+            .map(|b| p.compute(b.val()).into_primitive().tensor()),
         conv_options(layer),
-    )
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
 /// The functional options of a conv module.
@@ -155,18 +165,16 @@ pub fn batch_norm<B: ModelBackend>(
 ) -> Tensor<B, 4> {
     let p = &cx.precision;
     let work = p.batch_norm;
-    let channels = x.dims()[1];
-    let per_channel = |v: Tensor<B, 1>| cast(v, work).reshape([1, channels, 1, 1]);
     if !B::ad_enabled(&x.device()) {
-        let dtype = x.dtype();
-        let mean = per_channel(layer.running_mean.value());
-        let rstd = per_channel(layer.running_var.value())
-            .add_scalar(layer.epsilon)
-            .sqrt()
-            .recip();
-        let scale = rstd * per_channel(layer.gamma.val());
-        let y = (cast(x, work) - mean) * scale + per_channel(layer.beta.val());
-        return cast(y, dtype);
+        let prim = |t: Tensor<B, 1>| t.into_primitive().tensor();
+        let params = [
+            prim(layer.gamma.val()),
+            prim(layer.beta.val()),
+            prim(layer.running_mean.value()),
+            prim(layer.running_var.value()),
+        ];
+        let y = B::batch_norm_eval(x.into_primitive().tensor(), params, work, layer.epsilon);
+        return Tensor::from_primitive(TensorPrimitive::Float(y));
     }
     let [n, _, h, w] = x.dims();
     let out = B::batch_norm_train(
@@ -303,9 +311,11 @@ fn update_running<B: Backend>(
     Tensor::from_primitive(TensorPrimitive::Float(out.output))
 }
 
-/// ReLU in whatever dtype its input has.
-pub fn relu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    activation::relu(x)
+/// ReLU in whatever dtype its input has, as the engine's ReLU op ([`relu`](oomlab_engine::relu)):
+/// what Burn's ReLU keeps, the backend's fast kernels.
+pub fn relu<B: ModelBackend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
+    let out = B::relu_layer(x.into_primitive().tensor());
+    Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
 /// Non-overlapping max pooling with a square window. `at` names the moment inside its

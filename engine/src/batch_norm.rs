@@ -46,12 +46,29 @@ pub(crate) fn batch_norm_plain<B: Kernels>(
     work: DType,
     epsilon: f64,
 ) -> BatchNormOutput<B> {
-    let f = forward::<B>(x, gamma, beta, work, epsilon);
-    BatchNormOutput {
-        output: f.output,
-        mean: f.mean,
-        var: f.var,
-    }
+    let [output, mean, var, _] = B::batch_norm_forward(x, gamma, beta, work, epsilon);
+    BatchNormOutput { output, mean, var }
+}
+
+/// Evaluation-mode batch norm composed from tensor ops: `x` normalised with the running
+/// `mean` and `var` (`[channels]`), scaled and shifted, computed in `work` and returned in
+/// `x`'s dtype.
+pub(crate) fn inference_composed<B: Backend>(
+    x: FloatTensor<B>,
+    [gamma, beta, mean, var]: [FloatTensor<B>; 4],
+    work: DType,
+    epsilon: f64,
+) -> FloatTensor<B> {
+    let x: Tensor<B, 4> = float(x);
+    let (dtype, channels) = (x.dtype(), x.dims()[1]);
+    let per_channel = |v: FloatTensor<B>| {
+        let v: Tensor<B, 1> = float(v);
+        crate::cast::cast(v, work).reshape([1, channels, 1, 1])
+    };
+    let rstd = per_channel(var).add_scalar(epsilon).sqrt().recip();
+    let scale = rstd * per_channel(gamma);
+    let y = (crate::cast::cast(x, work) - per_channel(mean)) * scale + per_channel(beta);
+    prim(crate::cast::cast(y, dtype))
 }
 
 /// Everything the forward pass computes; the autodiff op keeps `mean` and `rstd`.
@@ -217,7 +234,8 @@ impl<B: Kernels> Backward<B, 3> for BatchNormBackward {
         let (x_id, gamma_id, stats, cx) = ops.state;
         let x = ckpt.retrieve_node_output::<FloatTensor<B>>(x_id);
         let gamma = ckpt.retrieve_node_output::<FloatTensor<B>>(gamma_id);
-        let [dx, dgamma, dbeta] = backward::<B>(x, gamma, &stats, grad);
+        let [dx, dgamma, dbeta] =
+            B::batch_norm_backward(x, gamma, [stats.mean, stats.rstd], stats.work, grad);
         if let Some(node) = node_x {
             grads.register::<B>(node.id, dx);
         }
@@ -238,7 +256,7 @@ pub(crate) fn batch_norm_autodiff<B: Kernels, C: CheckpointStrategy>(
     epsilon: f64,
     cx: &RunContext,
 ) -> BatchNormOutput<Autodiff<B, C>> {
-    let f = forward::<B>(
+    let [output, f_mean, f_var, rstd] = B::batch_norm_forward(
         x.primitive.clone(),
         gamma.primitive.clone(),
         beta.primitive.clone(),
@@ -246,10 +264,10 @@ pub(crate) fn batch_norm_autodiff<B: Kernels, C: CheckpointStrategy>(
         epsilon,
     );
     let inner = <Autodiff<B, C> as AutodiffBackend>::from_inner;
-    let (mean, var) = (inner(f.mean.clone()), inner(f.var));
+    let (mean, var) = (inner(f_mean.clone()), inner(f_var));
     let stats = SavedStats {
-        mean: f.mean,
-        rstd: f.rstd,
+        mean: f_mean,
+        rstd,
         work,
     };
     let output = match BatchNormBackward
@@ -260,9 +278,9 @@ pub(crate) fn batch_norm_autodiff<B: Kernels, C: CheckpointStrategy>(
         OpsKind::Tracked(mut prep) => {
             let x_id = prep.checkpoint(&x);
             let gamma_id = prep.checkpoint(&gamma);
-            prep.finish((x_id, gamma_id, stats, cx.clone()), f.output)
+            prep.finish((x_id, gamma_id, stats, cx.clone()), output)
         }
-        OpsKind::UnTracked(prep) => prep.finish(f.output),
+        OpsKind::UnTracked(prep) => prep.finish(output),
     };
     BatchNormOutput { output, mean, var }
 }

@@ -1,8 +1,9 @@
-//! What Burn's own ops keep for backward, read from burn-autodiff 0.21: conv2d and linear keep
-//! their input and weight; ReLU keeps its input (max-pool, the same op with a probe inside,
-//! is [the engine's](crate::max_pool)); adaptive average pooling keeps its input; an add keeps nothing; casts keep
+//! What the composed layers keep for backward: Burn's own ops', read from burn-autodiff 0.21,
+//! which the engine's composed [conv](crate::conv2d), [ReLU](crate::relu) and
+//! [max-pool](crate::max_pool) keep too. conv2d and linear keep their input and weight; ReLU
+//! keeps its input; adaptive average pooling keeps its input; an add keeps nothing; casts keep
 //! nothing. Their backward has the output's and the input's gradient alive, and on the CPU
-//! the copies Flex's kernels make (see [`Sizes`]).
+//! the copies Flex's kernels make where Flex's ops still run (linear: see [`Sizes`]).
 
 use crate::footprint::{Footprint, Sizes};
 
@@ -15,10 +16,11 @@ pub(crate) fn recomputable(relu_input: bool, bytes: u64) -> u64 {
     }
 }
 
-/// `conv2d`: keeps its input (counted by an earlier op when it keeps the same tensor:
-/// `shared_input`). On the CPU in bf16, its input and weight gradients each convert the input
-/// and the output gradient to f32. Counted with an input gradient even for the first layer
-/// (whose backward is never the peak).
+/// `conv2d` ([the engine's composed conv](crate::conv2d)): keeps its input (counted by an
+/// earlier op when it keeps the same tensor: `shared_input`). Its backward has the output's and
+/// the input's gradients; on the CPU its kernels widen half values an image at a time (where
+/// Flex's bf16 conv converted the whole input and output gradient to f32). Counted with an
+/// input gradient even for the first layer (whose backward is never the peak).
 pub(crate) fn conv2d(
     s: &Sizes,
     input: u64,
@@ -31,7 +33,7 @@ pub(crate) fn conv2d(
         saved,
         saved_values: saved / s.compute,
         recomputable: recomputable(relu_input, saved),
-        backward: s.acts(input + output) + s.cpu_bf16_f32(2 * (input + output)),
+        backward: s.acts(input + output),
         weight_grad: 0,
         output_grad: s.acts(output),
     }

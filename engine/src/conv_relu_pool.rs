@@ -191,16 +191,19 @@ pub(crate) fn backward_sliced<B: Kernels>(
         let positions = int_rows::<B>(positions, start, len).into_primitive();
         let dz = prim(unpool::<B>(float(g), positions, k));
         let xs = rows::<B, 4>(x, start, len);
+        // The composed conv layer's kernels ([`conv2d`](crate::conv2d)): the same bits
+        // per image as the composed layers.
         if want_x {
-            let dxs = B::conv2d_x_backward(xs.clone(), w.clone(), dz.clone(), options.clone());
+            let dxs =
+                B::float_conv2d_x_backward(xs.clone(), w.clone(), dz.clone(), options.clone());
             dx = Some(assign(dx, n, start, float::<B, 4>(dxs)));
         }
         if want_b {
-            let dbs = B::conv2d_bias_backward(xs.clone(), b.clone(), dz.clone());
+            let dbs = B::float_bias_grad(dz.clone(), b.dtype());
             db = Some(accumulate::<B>(db, dbs));
         }
         if want_w {
-            let dws = B::conv2d_weight_backward(xs, w.clone(), dz, options.clone());
+            let dws = B::float_conv2d_weight_backward(xs, w.clone(), dz, options.clone());
             dw = Some(accumulate::<B>(dw, dws));
         }
     }
@@ -223,7 +226,7 @@ pub(crate) fn forward_sliced<B: Kernels>(
     let (mut all_out, mut all_pos) = (None, None);
     // The full-resolution conv output exists for one slice at a time (backward's slices).
     for (start, len) in bounded_slices::<B>(n, c_out * h * w, k) {
-        let z = B::conv2d(
+        let z = B::float_conv2d_layer(
             rows::<B, 4>(x, start, len),
             weight.clone(),
             Some(bias.clone()),

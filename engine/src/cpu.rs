@@ -2,13 +2,14 @@
 //! operands, the composed defaults where they do not.
 
 use burn::backend::Flex;
-use burn::tensor::ops::{ConvOptions, FloatTensor, IntTensor, ModuleOps};
+use burn::tensor::ops::{ConvOptions, FloatTensor, IntTensor, MaxPool2dWithIndices, ModuleOps};
 use burn::tensor::{DType, TensorMetadata};
 
 use crate::batch_norm;
 use crate::cast::{float, prim};
 use crate::conv_relu_pool;
 use crate::kernels::{conv2d_x_backward_cast, Kernels};
+use crate::max_pool::PoolWindow;
 use crate::sliced_linear;
 use crate::slices::SLICE_VALUES;
 
@@ -58,7 +59,8 @@ impl Kernels for Flex {
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
         let direct = flex_kernels::pointwise_x_backward(x, &weight, &dz, &options)
-            .or_else(|x| flex_kernels::depthwise_x_backward(x, &weight, &dz, &options));
+            .or_else(|x| flex_kernels::depthwise_x_backward(x, &weight, &dz, &options))
+            .or_else(|x| flex_kernels::dense_x_backward(x, &weight, &dz, &options));
         match direct {
             Ok(dx) => dx,
             // Flex's ops copy strided tensors value by value: channels-last ones are
@@ -98,6 +100,170 @@ impl Kernels for Flex {
                 flex_kernels::convert(dw, master)
             }
         }
+    }
+
+    fn float_conv2d_layer(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        // Pointwise and depthwise convs run their channels-last kernels (below). A dense
+        // one with a bias at stride 1 (SimpleModel's) runs the fused block's conv, so that
+        // the composed and fused models compute the same bits; other dense ones write their
+        // output channels first.
+        let direct = flex_kernels::pointwise_conv(&x, &weight, &options)
+            .or_else(|| flex_kernels::depthwise_conv(&x, &weight, &options));
+        if direct.is_none() {
+            let same_as_block = bias
+                .as_ref()
+                .and_then(|b| flex_kernels::conv_bias_first(&x, &weight, b, &options));
+            let dense = same_as_block
+                .or_else(|| flex_kernels::dense_conv_first(&x, &weight, bias.as_ref(), &options));
+            if let Some(z) = dense {
+                return z;
+            }
+        }
+        let z = direct.unwrap_or_else(|| Self::float_conv2d(x, weight, options));
+        match bias {
+            Some(bias) => flex_kernels::add_bias(z, &bias).unwrap_or_else(|z| {
+                let channels = bias.shape().dims::<1>()[0];
+                let z = float::<Self, 4>(flex_kernels::channels_first(z));
+                prim(z + float::<Self, 1>(bias).reshape([1, channels, 1, 1]))
+            }),
+            None => z,
+        }
+    }
+
+    fn float_max_pool_with_indices(
+        x: FloatTensor<Self>,
+        window: PoolWindow,
+    ) -> MaxPool2dWithIndices<Self> {
+        let w = window;
+        match flex_kernels::max_pool_first(&x, w.size, w.stride, w.padding) {
+            Some((output, indices)) => MaxPool2dWithIndices::new(output, indices),
+            None => {
+                let x = flex_kernels::channels_first(x);
+                Self::max_pool2d_with_indices(x, w.size, w.stride, w.padding, [1, 1], false)
+            }
+        }
+    }
+
+    fn float_max_pool_backward(
+        x: FloatTensor<Self>,
+        window: PoolWindow,
+        dout: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let w = window;
+        let overlapping = (0..2).any(|i| w.stride[i] < w.size[i]);
+        let x_dims = x.shape().dims::<4>();
+        match flex_kernels::max_pool_backward_first(x_dims, &dout, &indices, overlapping) {
+            Some(dx) => dx,
+            None => {
+                let (x, dout) = (
+                    flex_kernels::channels_first(x),
+                    flex_kernels::channels_first(dout),
+                );
+                <Self as ModuleOps<Self>>::max_pool2d_with_indices_backward(
+                    x,
+                    w.size,
+                    w.stride,
+                    w.padding,
+                    [1, 1],
+                    false,
+                    dout,
+                    indices,
+                )
+                .x_grad
+            }
+        }
+    }
+
+    fn float_max_pool(x: FloatTensor<Self>, window: PoolWindow) -> FloatTensor<Self> {
+        Self::float_max_pool_with_indices(x, window).output
+    }
+
+    fn float_relu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        flex_kernels::relu(x).unwrap_or_else(|x| {
+            <Self as burn::tensor::ops::ActivationOps<Self>>::relu(flex_kernels::channels_first(x))
+        })
+    }
+
+    fn float_relu_backward(x: FloatTensor<Self>, dout: FloatTensor<Self>) -> FloatTensor<Self> {
+        flex_kernels::relu_backward(x, dout).unwrap_or_else(|pair| {
+            let [x, dout] = *pair;
+            let (x, dout) = (
+                flex_kernels::channels_first(x),
+                flex_kernels::channels_first(dout),
+            );
+            <Self as burn::tensor::ops::ActivationOps<Self>>::relu_backward(x, dout)
+        })
+    }
+
+    fn float_bias_grad(dz: FloatTensor<Self>, dtype: DType) -> FloatTensor<Self> {
+        match flex_kernels::bias_grad(&dz, dtype) {
+            Some(db) => db,
+            None => {
+                let channels = dz.shape().dims::<4>()[1];
+                let dz = float::<Self, 4>(flex_kernels::channels_first(dz));
+                let sum = dz.sum_dim(0).sum_dim(2).sum_dim(3).reshape([channels]);
+                crate::cast::cast_prim::<Self>(prim(sum), dtype)
+            }
+        }
+    }
+
+    fn batch_norm_inference(
+        x: FloatTensor<Self>,
+        params: [FloatTensor<Self>; 4],
+        work: DType,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        let direct = match work {
+            DType::F32 => {
+                let [g, b, m, v] = &params;
+                flex_kernels::batch_norm_inference(&x, [g, b, m, v], epsilon)
+            }
+            _ => None,
+        };
+        direct.unwrap_or_else(|| batch_norm::inference_composed::<Self>(x, params, work, epsilon))
+    }
+
+    fn batch_norm_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        work: DType,
+        epsilon: f64,
+    ) -> [FloatTensor<Self>; 4] {
+        let direct = match work {
+            DType::F32 => flex_kernels::batch_norm_forward(&x, &gamma, &beta, epsilon, false),
+            _ => None,
+        };
+        direct.unwrap_or_else(|| {
+            let f = batch_norm::forward::<Self>(x, gamma, beta, work, epsilon);
+            [f.output, f.mean, f.var, f.rstd]
+        })
+    }
+
+    fn batch_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        [mean, rstd]: [FloatTensor<Self>; 2],
+        work: DType,
+        dout: FloatTensor<Self>,
+    ) -> [FloatTensor<Self>; 3] {
+        // The kernel reads β only for the ReLU's mask, which this op has not got.
+        let direct = match work {
+            DType::F32 => {
+                flex_kernels::batch_norm_backward(&x, &dout, [&gamma, &gamma, &mean, &rstd], false)
+            }
+            _ => None,
+        };
+        direct.unwrap_or_else(|| {
+            let stats = batch_norm::SavedStats { mean, rstd, work };
+            batch_norm::backward::<Self>(x, gamma, &stats, dout)
+        })
     }
 
     fn bn_relu_forward(

@@ -8,12 +8,13 @@
 //! the inner backend of `Autodiff`, never on an autodiff one.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::ops::{ConvOptions, FloatTensor, IntTensor};
+use burn::tensor::ops::{ConvOptions, FloatTensor, IntTensor, MaxPool2dWithIndices};
 use burn::tensor::{DType, Slice, TensorMetadata};
 
 use crate::batch_norm;
 use crate::cast::{cast_prim, float, prim};
 use crate::conv_relu_pool;
+use crate::max_pool::PoolWindow;
 use crate::sliced_linear;
 
 /// A plain (non-autodiff) backend's kernels for oomlab's ops. Every hook returns its result;
@@ -84,6 +85,120 @@ pub trait Kernels: Backend {
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
         conv2d_weight_backward_cast::<Self>(x, weight, dz, options)
+    }
+
+    /// The [composed conv layer](crate::conv2d)'s forward: `conv2d(x, weight) (+ bias)` in
+    /// the dtype of `x`, which `weight` and `bias` have. The default is the backend's own
+    /// conv; the CPU backend runs the direct convs, in the layout each makes (a dense conv's
+    /// output channels first with the bias added, the others channels last: the batch norm,
+    /// ReLU and convs after them read either).
+    fn float_conv2d_layer(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        Self::conv2d(x, weight, bias, options)
+    }
+
+    /// Max-pool of `x` over `window` with each output's argmax, as the backend's
+    /// `max_pool2d_with_indices` makes them (its backward reads the indices): the [max-pool
+    /// op](crate::max_pool)'s forward. The CPU backend pools channels-first planes directly
+    /// (the same winners and indices as Flex's op).
+    fn float_max_pool_with_indices(
+        x: FloatTensor<Self>,
+        window: PoolWindow,
+    ) -> MaxPool2dWithIndices<Self> {
+        let w = window;
+        Self::max_pool2d_with_indices(x, w.size, w.stride, w.padding, [1, 1], false)
+    }
+
+    /// The same max-pool without indices (evaluation).
+    fn float_max_pool(x: FloatTensor<Self>, window: PoolWindow) -> FloatTensor<Self> {
+        let w = window;
+        Self::max_pool2d(x, w.size, w.stride, w.padding, [1, 1], false)
+    }
+
+    /// The input gradient of [`float_max_pool_with_indices`](Self::float_max_pool_with_indices)
+    /// for the output gradient `dout`. The CPU backend scatters a plane per thread, reading
+    /// only `x`'s shape.
+    fn float_max_pool_backward(
+        x: FloatTensor<Self>,
+        window: PoolWindow,
+        dout: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let w = window;
+        Self::max_pool2d_with_indices_backward(
+            x,
+            w.size,
+            w.stride,
+            w.padding,
+            [1, 1],
+            false,
+            dout,
+            indices,
+        )
+        .x_grad
+    }
+
+    /// `max(x, 0)`: the [ReLU op](crate::relu)'s forward. The CPU backend works in `x`'s own
+    /// layout, in place when it can, on half values as bits.
+    fn float_relu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::relu(x)
+    }
+
+    /// The ReLU's input gradient: `dout` where `x > 0`, else 0.
+    fn float_relu_backward(x: FloatTensor<Self>, dout: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::relu_backward(x, dout)
+    }
+
+    /// Each channel's sum of `dz` (`[batch, channels, h, w]`), as `[channels]` in `dtype`: a
+    /// conv bias's gradient. The CPU backend sums in f32 in `dz`'s layout.
+    fn float_bias_grad(dz: FloatTensor<Self>, dtype: DType) -> FloatTensor<Self> {
+        let channels = dz.shape().dims::<4>()[1];
+        let sum = float::<Self, 4>(dz).sum_dim(0).sum_dim(2).sum_dim(3);
+        cast_prim::<Self>(prim(sum.reshape([channels])), dtype)
+    }
+
+    /// Evaluation-mode batch norm of `x` with the running `[gamma, beta, mean, var]`
+    /// (`[channels]` each), computed in `work`, in `x`'s dtype. The CPU backend runs its
+    /// batch-norm kernel's second pass (f32 work) in the activation's layout.
+    fn batch_norm_inference(
+        x: FloatTensor<Self>,
+        params: [FloatTensor<Self>; 4],
+        work: DType,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        batch_norm::inference_composed::<Self>(x, params, work, epsilon)
+    }
+
+    /// Training-mode batch norm of `x` computed in `work`: `[output, mean, var, rstd]` as
+    /// [`bn_relu_forward`](Self::bn_relu_forward) makes them, without the ReLU: the [batch
+    /// norm op](crate::batch_norm)'s forward. The CPU backend runs its two-pass kernel (batch
+    /// norm in f32, in the activation's layout).
+    fn batch_norm_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        work: DType,
+        epsilon: f64,
+    ) -> [FloatTensor<Self>; 4] {
+        let f = batch_norm::forward::<Self>(x, gamma, beta, work, epsilon);
+        [f.output, f.mean, f.var, f.rstd]
+    }
+
+    /// The gradients `[dx, dγ, dβ]` of that batch norm from its input `x`, `gamma`, the saved
+    /// statistics (`mean`, `rstd` in `work`) and the output's gradient `dout`.
+    fn batch_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        [mean, rstd]: [FloatTensor<Self>; 2],
+        work: DType,
+        dout: FloatTensor<Self>,
+    ) -> [FloatTensor<Self>; 3] {
+        let stats = batch_norm::SavedStats { mean, rstd, work };
+        batch_norm::backward::<Self>(x, gamma, &stats, dout)
     }
 
     /// Training-mode batch norm of `z` (computed in `work`) followed by a ReLU, as the [fused

@@ -16,6 +16,7 @@ pub mod boundary;
 mod cast;
 mod composed;
 pub mod context;
+pub mod conv2d;
 pub mod conv_bn_relu;
 pub mod conv_relu_pool;
 pub mod cpu;
@@ -24,6 +25,7 @@ pub mod kernels;
 pub mod max_pool;
 pub mod model_backend;
 pub mod precision;
+pub mod relu;
 pub mod sliced_linear;
 pub mod slices;
 

@@ -1,7 +1,8 @@
 //! Max pooling as a graph op that lets the run's probe see inside its backward.
 //!
-//! The same computation as Burn's own max-pool (the backend's `max_pool2d_with_indices` and
-//! its backward, the input and the argmax kept), with one addition: backward reports the
+//! The same computation as Burn's own max-pool (the backend's `max_pool2d_with_indices`, or
+//! the CPU's own kernel that makes the same output and indices, and the backend's backward;
+//! the input and the argmax kept), with one addition: backward reports the
 //! moment its input's gradient exists beside its output's gradient and the argmax, to the
 //! run's listener ([`RunContext`]), under the name the model gives. That moment is the op's
 //! peak and often the step's (SimpleModel's): the layer boundaries on either side see the
@@ -17,13 +18,13 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::{Autodiff, NodeId};
-use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor, MaxPool2dWithIndices};
 
 use crate::boundary::{Boundary, Pass};
 use crate::composed;
 use crate::context::RunContext;
 use crate::footprint::{Footprint, Sizes};
+use crate::kernels::Kernels;
 
 /// Window size, stride and padding of a 2-d max-pool (no dilation, floor rounding).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,20 +37,15 @@ pub struct PoolWindow {
     pub padding: [usize; 2],
 }
 
-/// Max-pool with indices of `x` (no dilation, floor rounding): the backend's own op.
-fn forward<B: Backend>(x: FloatTensor<B>, w: PoolWindow) -> MaxPool2dWithIndices<B> {
-    B::max_pool2d_with_indices(x, w.size, w.stride, w.padding, [1, 1], false)
-}
-
-/// The op for backends without an autodiff graph.
-pub(crate) fn max_pool_plain<B: Backend>(x: FloatTensor<B>, w: PoolWindow) -> FloatTensor<B> {
-    B::max_pool2d(x, w.size, w.stride, w.padding, [1, 1], false)
+/// The op for backends without an autodiff graph: the forward's output.
+pub(crate) fn max_pool_plain<B: Kernels>(x: FloatTensor<B>, w: PoolWindow) -> FloatTensor<B> {
+    B::float_max_pool(x, w)
 }
 
 #[derive(Debug)]
 struct MaxPoolBackward;
 
-impl<B: Backend> Backward<B, 1> for MaxPoolBackward {
+impl<B: Kernels> Backward<B, 1> for MaxPoolBackward {
     type State = (NodeId, IntTensor<B>, PoolWindow, Boundary, RunContext);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, ckpt: &mut Checkpointer) {
@@ -65,19 +61,10 @@ impl<B: Backend> Backward<B, 1> for MaxPoolBackward {
             let held = cx
                 .listening()
                 .then(|| (x.clone(), dout.clone(), indices.clone()));
-            let dx = B::max_pool2d_with_indices_backward(
-                x,
-                w.size,
-                w.stride,
-                w.padding,
-                [1, 1],
-                false,
-                dout,
-                indices,
-            );
+            let dx = B::float_max_pool_backward(x, w, dout, indices);
             cx.notify(at, Pass::Backward);
             drop(held);
-            grads.register::<B>(node.id, dx.x_grad);
+            grads.register::<B>(node.id, dx);
         }
     }
 }
@@ -85,7 +72,7 @@ impl<B: Backend> Backward<B, 1> for MaxPoolBackward {
 /// Max-pool as one graph op whose backward reports its peak moment as `at` (see the module's
 /// text). Kept like Burn's: the input (checkpointed: under activation checkpointing a ReLU
 /// before it may be recomputed) and the argmax.
-pub(crate) fn max_pool_autodiff<B: Backend, C: CheckpointStrategy>(
+pub(crate) fn max_pool_autodiff<B: Kernels, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     w: PoolWindow,
     at: Boundary,
@@ -98,31 +85,26 @@ pub(crate) fn max_pool_autodiff<B: Backend, C: CheckpointStrategy>(
     {
         OpsKind::Tracked(mut prep) => {
             let x_id = prep.checkpoint(&x);
-            let MaxPool2dWithIndices { output, indices } = forward::<B>(x.primitive, w);
+            let MaxPool2dWithIndices { output, indices } =
+                B::float_max_pool_with_indices(x.primitive, w);
             prep.finish((x_id, indices, w, at, cx.clone()), output)
         }
         OpsKind::UnTracked(prep) => prep.finish(max_pool_plain::<B>(x.primitive, w)),
     }
 }
 
-/// Max-pool with indices: keeps its input and one backend int per output. Its backward has
-/// the output's gradient, the argmax and the input's gradient alive at once. On the CPU in
-/// bf16 (Flex's `max_pool2d_backward_bf16`) the input and the output gradient are converted
-/// to f32 and the input gradient made in f32, before the bf16 input gradient exists; then that
-/// f32 gradient is rounded into it, its f32 operands gone. `relu_input`: the input is a ReLU's
-/// output, which activation checkpointing may recompute instead of keeping.
+/// Max-pool with indices: keeps its input and one `i64` per output (Burn's argmax, which the
+/// CPU's kernel makes too). Its backward has the output's gradient, the argmax and the input's
+/// gradient alive at once (on the CPU, in bf16 too: its kernel sums a plane at a time in f32,
+/// where Flex's converted the input and both gradients to f32). `relu_input`: the input is a
+/// ReLU's output, which activation checkpointing may recompute instead of keeping.
 pub(crate) fn footprint(s: &Sizes, input: u64, output: u64, relu_input: bool) -> Footprint {
     let kept = s.acts(input);
-    let in_f32 = s.acts(output) + s.cpu_bf16_f32(2 * input + output);
-    let rounding = s.acts(input + output) + s.cpu_bf16_f32(input);
     Footprint {
         saved: kept + s.batch * output * s.index,
         saved_values: s.batch * (input + output),
         recomputable: composed::recomputable(relu_input, kept),
-        backward: match s.cpu_bf16_f32(1) {
-            0 => s.acts(input + output),
-            _ => in_f32.max(rounding),
-        },
+        backward: s.acts(input + output),
         weight_grad: 0,
         output_grad: s.acts(output),
     }

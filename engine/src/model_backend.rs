@@ -1,4 +1,5 @@
-//! The graph ops the models call: oomlab's own autodiff ops ([batch norm](crate::batch_norm),
+//! The graph ops the models call: oomlab's own autodiff ops (the composed [conv](crate::conv2d)
+//! and [ReLU](crate::relu) layers, [batch norm](crate::batch_norm),
 //! [conv → BN → ReLU](crate::conv_bn_relu), [conv → ReLU → max-pool](crate::conv_relu_pool),
 //! the [sliced linear layer](crate::sliced_linear), [max-pool](crate::max_pool)) and [layer
 //! boundaries](crate::boundary).
@@ -17,10 +18,12 @@ use burn::tensor::DType;
 use crate::batch_norm::{self, BatchNormOutput};
 use crate::boundary::{self, Boundary};
 use crate::context::RunContext;
+use crate::conv2d;
 use crate::conv_bn_relu;
 use crate::conv_relu_pool;
 use crate::kernels::Kernels;
 use crate::max_pool::{self, PoolWindow};
+use crate::relu;
 use crate::sliced_linear;
 
 /// A backend the models run on: every [`Kernels`] backend, and [`Autodiff`] over one.
@@ -35,6 +38,29 @@ pub trait ModelBackend: Backend {
         epsilon: f64,
         cx: &RunContext,
     ) -> BatchNormOutput<Self>;
+
+    /// `conv2d(x, weight) (+ bias)` in the dtype of `x`, whose `weight` and `bias` already
+    /// have it: the composed conv layer. Under autodiff, one graph op that keeps what Burn's
+    /// conv keeps and runs the backend's kernel hooks ([`conv2d`](crate::conv2d)).
+    fn conv2d_layer(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self>;
+
+    /// `max(x, 0)`: the composed ReLU layer. Under autodiff, one graph op that keeps what
+    /// Burn's ReLU keeps and runs the backend's kernel hooks ([`relu`](crate::relu)).
+    fn relu_layer(x: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// Evaluation-mode batch norm of `x` with the running statistics: `[gamma, beta, mean,
+    /// var]`, `[channels]` each, computed in `work`, returned in `x`'s dtype.
+    fn batch_norm_eval(
+        x: FloatTensor<Self>,
+        params: [FloatTensor<Self>; 4],
+        work: DType,
+        epsilon: f64,
+    ) -> FloatTensor<Self>;
 
     /// Training-mode conv (no bias) → batch norm → ReLU: the ReLU output and the batch
     /// statistics. The conv computes in the dtype of `x` (`weight` is cast to it), batch norm
@@ -105,6 +131,28 @@ impl<B: Kernels> ModelBackend for B {
         batch_norm::batch_norm_plain::<B>(x, gamma, beta, work, epsilon)
     }
 
+    fn conv2d_layer(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        conv2d::conv2d_plain::<B>(x, weight, bias, options)
+    }
+
+    fn relu_layer(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        B::float_relu(x)
+    }
+
+    fn batch_norm_eval(
+        x: FloatTensor<Self>,
+        params: [FloatTensor<Self>; 4],
+        work: DType,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        B::batch_norm_inference(x, params, work, epsilon)
+    }
+
     fn conv_bn_relu_train(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -167,6 +215,29 @@ impl<B: Kernels, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
         cx: &RunContext,
     ) -> BatchNormOutput<Self> {
         batch_norm::batch_norm_autodiff::<B, C>(x, gamma, beta, work, epsilon, cx)
+    }
+
+    fn conv2d_layer(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        conv2d::conv2d_autodiff::<B, C>(x, weight, bias, options)
+    }
+
+    fn relu_layer(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        relu::relu_autodiff::<B, C>(x)
+    }
+
+    /// Composed from tensor ops (differentiable; evaluation runs on the plain backend).
+    fn batch_norm_eval(
+        x: FloatTensor<Self>,
+        params: [FloatTensor<Self>; 4],
+        work: DType,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        batch_norm::inference_composed::<Self>(x, params, work, epsilon)
     }
 
     fn conv_bn_relu_train(

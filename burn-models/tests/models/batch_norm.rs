@@ -166,3 +166,35 @@ fn batch_norm_computes_in_the_policys_dtype() {
     let policy = Precision::mixed(DType::F16, false);
     assert_eq!(policy.batch_norm, DType::F16);
 }
+
+/// Evaluation (no autodiff): the layer normalises with the running statistics as Burn's
+/// `BatchNorm` does in inference, channels first and channels last, f32 and f16 activations
+/// (batch norm in f32), after a training step has moved the running statistics.
+#[test]
+fn evaluation_matches_burns_batch_norm() {
+    use burn::module::AutodiffModule;
+    let bn = layer();
+    // One training forward: running statistics away from 0 and 1.
+    let _ = layers::batch_norm(&RunContext::default(), &bn, input());
+    let bn = bn.valid();
+    let x = input().inner();
+    let reference = bn.forward(x.clone());
+    let x_last =
+        Tensor::<Flex, 4>::from_data(x.clone().permute([0, 2, 3, 1]).into_data(), &x.device())
+            .permute([0, 3, 1, 2]);
+    for (layout, x) in [("channels first", x), ("channels last", x_last)] {
+        for (p, tolerance) in [
+            (Precision::F32, 1e-6),
+            (Precision::mixed(DType::F16, true), 2e-3),
+        ] {
+            let ours = layers::batch_norm(&cx(&p), &bn, p.compute(x.clone()));
+            assert_eq!(ours.dtype(), p.compute, "{layout}");
+            let err = max_rel_err(ours, reference.clone());
+            assert!(
+                err < tolerance,
+                "{layout} {:?}: relative error {err}",
+                p.compute
+            );
+        }
+    }
+}

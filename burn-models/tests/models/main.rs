@@ -6,6 +6,8 @@
 mod batch_norm;
 /// Layer boundaries: identity ops heard in both passes, checkpointing included.
 mod boundary;
+/// The engine's composed conv and ReLU layers against Burn's, values and gradients.
+mod composed;
 /// The CPU backend's own conversions and in-place gemm sum against Flex's generic ops.
 mod flex;
 /// The fused blocks against the composed layers: the same bits forward and backward.
