@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# CPU speed against PyTorch (a benchmark, not a test; not part of CI). Trains oomlab's two
-# models in both frameworks, one after the other, with the same threads (all cores), batch,
-# optimizer (Adam), synthetic data and steps after one untimed warm-up step, and writes the
-# table into docs/src/appendix-speed.md between its `bench-vs-pytorch` markers, stamped with the date,
-# machine, PyTorch version and commit. PyTorch comes from the Python package registry into a
-# venv under target/ (the first run installs it: 3.2 GB on disk, torch and the CUDA libraries
-# its Linux wheel requires even to run on the CPU).
+# CPU speed against PyTorch (a benchmark, not a test; not part of CI). Trains every shipped
+# config (configs/*.toml, each as shipped: composed or fused) on the CPU, and the same model in
+# PyTorch eager with the same threads (all cores), batch, accumulation, optimizer (Adam),
+# synthetic data and steps after one untimed warm-up step; writes one table into
+# docs/src/appendix-speed.md between its `bench-vs-pytorch` markers, stamped with the date,
+# machine, PyTorch version and commit: images/s beside PyTorch's, f16/bf16 runs against the
+# same model's f32 run at the same fusion, and each model's floating-point operations per
+# image (one training step, forward and backward, counted from the ops' shapes by PyTorch's
+# flop counter) with the GFLOP/s that makes against this CPU's peak (cores × 2 FMA units ×
+# f32 lanes of its widest vector × 2 × clock, read from /proc/cpuinfo; the FMA units per core
+# are not readable there: 2, as on this Xeon family). PyTorch comes from the Python package
+# registry into a venv under target/ (the first run installs it: 3.2 GB on disk).
 # Usage: scripts/bench-vs-pytorch.sh [STEPS]   (timed steps per run; default 20, at most 10000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,58 +38,69 @@ fi
 cargo build --release -p trainer
 export OOMLAB_NO_CUDA=1 # a CPU benchmark, on machines with a GPU too
 
-# oomlab CONFIG NAME [SET...]: images/s after the warm-up window, from the run's summary.
+# One TOML value of a config: `get FILE KEY DEFAULT`.
+get() {
+  python3 -c 'import sys, tomllib
+section, key = sys.argv[2].split(".")
+print(tomllib.load(open(sys.argv[1], "rb")).get(section, {}).get(key, sys.argv[3]))' "$@"
+}
+
+# oomlab CONFIG NAME [SET...]: the run's summary (JSON) in $work/NAME.json.
 oomlab() {
   local config=$1 name=$2
   shift 2
-  local sets=(--set data.train_size=$(((steps + 1) * 128)) --set data.eval_size=16)
+  local batch accum
+  batch=$(get "$config" train.batch_size 32)
+  accum=$(get "$config" train.accum_steps 1)
+  local sets=(--set "data.train_size=$(((steps + 1) * batch * accum))" --set data.eval_size=16)
   for s in "$@"; do sets+=(--set "$s"); done
   target/release/trainer --config "$config" --backend cpu --max-steps $((steps + 1)) \
     --set "train.output_dir=$work/$name" --overwrite "${sets[@]}" \
     --summary-json "$work/$name.json" >/dev/null
-  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["images_per_sec"])' "$work/$name.json"
 }
 
-# torch MODEL BATCH LR: images/s of the same model in PyTorch.
-torch_rate() {
-  "$venv/bin/python" scripts/bench/pytorch_bench.py --model "$1" --batch "$2" --lr "$3" \
-    --threads "$threads" --warmup 1 --steps "$steps" |
-    python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["images_per_sec"])'
+# torch MODEL BATCH ACCUM LR: PyTorch's summary (JSON) in $work/torch-MODEL-BATCH-ACCUM.json.
+torch_run() {
+  local out="$work/torch-$1-$2-$3.json"
+  [[ -s $out ]] && return 0
+  "$venv/bin/python" scripts/bench/pytorch_bench.py --model "$1" --batch "$2" --accum "$3" \
+    --lr "$4" --threads "$threads" --warmup 1 --steps "$steps" >"$out"
 }
 
+rm -f "$work"/torch-*.json
 rows=()
-row() { # what, oomlab rate, reference rate, reference name
-  rows+=("$(python3 -c 'import sys; w, a, b, r = sys.argv[1:]; a, b = float(a), float(b)
-print(f"| {w} | {a:.0f} | {b:.0f} | {a / b:.2f}× {r} |")' "$@")")
-}
-for fuse in none blocks; do
-  s=$(oomlab configs/f32.toml "simple-f32-$fuse" "memory.fuse=$fuse")
-  m=$(oomlab configs/mobilenet.toml "mobilenet-f32-$fuse" "memory.fuse=$fuse")
-  sh=$(oomlab configs/amp.toml "simple-amp-$fuse" "memory.fuse=$fuse")
-  mh=$(oomlab configs/mobilenet-amp.toml "mobilenet-amp-$fuse" "memory.fuse=$fuse")
-  eval "s_$fuse=$s m_$fuse=$m sh_$fuse=$sh mh_$fuse=$mh"
-done
-ts=$(torch_rate simple 128 1e-3)
-tm=$(torch_rate mobilenet 64 2e-3)
-for fuse in none blocks; do
-  eval "s=\$s_$fuse m=\$m_$fuse sh=\$sh_$fuse mh=\$mh_$fuse"
-  row "SimpleModel f32 b128, fuse = $fuse" "$s" "$ts" "of PyTorch"
-  row "MobileNet α 0.5 f32 b64, fuse = $fuse" "$m" "$tm" "of PyTorch"
-  row "SimpleModel f16-mixed b128, fuse = $fuse" "$sh" "$s" "of oomlab f32"
-  row "MobileNet α 0.5 f16-mixed b64, fuse = $fuse" "$mh" "$m" "of oomlab f32"
+for config in configs/*.toml; do
+  name=$(basename "$config" .toml)
+  model=$(get "$config" model.name simple)
+  [[ $model == resnet ]] && model=resnet18
+  batch=$(get "$config" train.batch_size 32)
+  accum=$(get "$config" train.accum_steps 1)
+  lr=$(get "$config" train.lr 1e-3)
+  precision=$(get "$config" precision.mode f32)
+  fuse=$(get "$config" memory.fuse none)
+  echo "bench-vs-pytorch: $name" >&2
+  # The same model in f32 at the same fusion, for the half-precision runs' ratio.
+  if [[ $precision != f32 ]]; then
+    oomlab "$config" "$name-as-f32" precision.mode=f32 precision.loss_scale=off
+  fi
+  oomlab "$config" "$name"
+  torch_run "$model" "$batch" "$accum" "$lr"
+  rows+=("$(python3 scripts/bench/table_row.py "$work" "$name" "$model-$batch-$accum" \
+    "$precision" "$fuse")")
 done
 
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- . ':!docs' 2>/dev/null || commit="$commit with uncommitted changes"
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
+peak=$(python3 scripts/bench/table_row.py --peak)
 {
   echo "<!-- bench-vs-pytorch -->"
   echo "Measured $(date -u +%Y-%m-%d) on $threads cores (${cpu:-$(uname -m)}), $threads threads in both,"
-  echo "$steps timed steps after one warm-up step, PyTorch $torch_version eager (PyTorch: $(printf '%.0f' "$ts") images/s"
-  echo "for SimpleModel, $(printf '%.0f' "$tm") for MobileNet), commit $commit, by \`scripts/bench-vs-pytorch.sh $steps\`."
+  echo "$steps timed steps after one warm-up step, PyTorch $torch_version eager, commit $commit,"
+  echo "by \`scripts/bench-vs-pytorch.sh $steps\`. This CPU's f32 peak: $peak."
   echo
-  echo "| run | oomlab images/s | reference images/s | ratio |"
-  echo "|---|---|---|---|"
+  echo "| config | fuse | precision | oomlab images/s | PyTorch f32 images/s | ratio | half vs f32 | GFLOP per image | GFLOP/s | of peak |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo "<!-- /bench-vs-pytorch -->"
 } >"$work/table.md"

@@ -1,10 +1,14 @@
-"""PyTorch's side of scripts/bench-vs-pytorch.sh: images/s of oomlab's two models, eager, CPU.
+"""PyTorch's side of scripts/bench-vs-pytorch.sh: images/s of oomlab's models, eager, CPU.
 
 The models mirror burn-models exactly (SimpleModel: conv 3→64 k3 pad 1, ReLU, 2×2 max-pool,
 linear 64·16·16→10; MobileNet α 0.5 with a stride-1 stem, 13 depthwise-separable blocks of
-Table 1, conv without bias, BN, ReLU, global average pool, linear). Synthetic data, Adam,
-cross-entropy, `--threads` intra-op threads, `--warmup` untimed steps, then `--steps` timed
-ones, f32. Prints one JSON line: {"model", "batch", "threads", "steps", "images_per_sec", "torch"}.
+Table 1, conv without bias, BN, ReLU, global average pool, linear; ResNet-18 with the CIFAR
+stem, torchvision's basic blocks, a 1×1 conv + BN shortcut where the shape changes).
+Synthetic data, Adam, cross-entropy, `--threads` intra-op threads, `--warmup` untimed steps,
+then `--steps` timed ones (each of `--accum` micro-batches of `--batch`), f32. Also counts the
+floating-point operations of one training step (forward and backward, from the ops' shapes:
+torch.utils.flop_counter; a multiply-add is two) per image. Prints one JSON line:
+{"model", "batch", "accum", "threads", "steps", "images_per_sec", "flops_per_image", "torch"}.
 """
 
 import argparse
@@ -41,21 +45,47 @@ def mobilenet(alpha=0.5, classes=10):
     return nn.Sequential(*layers)
 
 
+class BasicBlock(nn.Module):
+    def __init__(self, c_in, c_out, stride):
+        super().__init__()
+        self.body = nn.Sequential(
+            *conv_bn(c_in, c_out, 3, stride, 1),
+            nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False), nn.BatchNorm2d(c_out))
+        self.shortcut = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+def resnet18(classes=10):
+    layers = conv_bn(3, 64, 3, 1, 1)
+    c_in = 64
+    for width, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
+        layers += [BasicBlock(c_in, width, stride), BasicBlock(width, width, 1)]
+        c_in = width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, classes)]
+    return nn.Sequential(*layers)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", choices=["simple", "mobilenet"], required=True)
+    ap.add_argument("--model", choices=["simple", "mobilenet", "resnet18"], required=True)
     ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--accum", type=int, default=1)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
     a = ap.parse_args()
-    if a.batch < 1 or a.threads < 1 or a.steps < 1 or a.warmup < 0:
-        ap.error("--batch, --threads and --steps must be at least 1, --warmup at least 0")
+    if min(a.batch, a.accum, a.threads, a.steps) < 1 or a.warmup < 0:
+        ap.error("--batch, --accum, --threads and --steps must be at least 1, --warmup at least 0")
 
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
-    model = simple_model() if a.model == "simple" else mobilenet()
+    model = {"simple": simple_model, "mobilenet": mobilenet, "resnet18": resnet18}[a.model]()
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     loss_fn = nn.CrossEntropyLoss()
     x = torch.randn(a.batch, 3, 32, 32)
@@ -63,10 +93,16 @@ def main():
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
+        for _ in range(a.accum):
+            loss = loss_fn(model(x), y) / a.accum
+            loss.backward()
         opt.step()
         return loss.item()
+
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(model(x), y).backward()
+    flops_per_image = counter.get_total_flops() / a.batch
 
     for _ in range(a.warmup):
         step()
@@ -76,7 +112,9 @@ def main():
     seconds = time.perf_counter() - start
     print(json.dumps({
         "model": a.model, "batch": a.batch, "threads": a.threads,
-        "steps": a.steps, "images_per_sec": a.steps * a.batch / seconds,
+        "accum": a.accum, "steps": a.steps,
+        "images_per_sec": a.steps * a.accum * a.batch / seconds,
+        "flops_per_image": flops_per_image,
         "torch": torch.__version__,
     }))
 
