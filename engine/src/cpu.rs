@@ -226,7 +226,10 @@ impl Kernels for Flex {
             }
             _ => None,
         };
-        direct.unwrap_or_else(|| batch_norm::inference_composed::<Self>(x, params, work, epsilon))
+        direct.unwrap_or_else(|| {
+            let x = flex_kernels::channels_first(x);
+            batch_norm::inference_composed::<Self>(x, params, work, epsilon)
+        })
     }
 
     fn batch_norm_forward(
@@ -240,7 +243,9 @@ impl Kernels for Flex {
             DType::F32 => flex_kernels::batch_norm_forward(&x, &gamma, &beta, epsilon, false),
             _ => None,
         };
+        // Flex's ops walk a channels-last tensor value by value: channels first for them.
         direct.unwrap_or_else(|| {
+            let x = flex_kernels::channels_first(x);
             let f = batch_norm::forward::<Self>(x, gamma, beta, work, epsilon);
             [f.output, f.mean, f.var, f.rstd]
         })
@@ -261,6 +266,10 @@ impl Kernels for Flex {
             _ => None,
         };
         direct.unwrap_or_else(|| {
+            let (x, dout) = (
+                flex_kernels::channels_first(x),
+                flex_kernels::channels_first(dout),
+            );
             let stats = batch_norm::SavedStats { mean, rstd, work };
             batch_norm::backward::<Self>(x, gamma, &stats, dout)
         })
