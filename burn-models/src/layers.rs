@@ -1,9 +1,10 @@
 //! Layer calls under a run's [`RunContext`]: its precision policy decides every dtype.
 //!
 //! Burn's nn modules use their f32 weights directly, and there is no implicit dtype promotion,
-//! so a policy-aware layer casts the input *and* `weight.val()` and calls the functional op in
-//! `burn::tensor::module`. The modules themselves stay plain `burn::nn` types, so records and
-//! optimizers see ordinary f32 parameters.
+//! so a policy-aware layer casts the input *and* `weight.val()` and calls a functional op: the
+//! engine's ([`ModelBackend`]: conv, ReLU, pooling, batch norm, the fused blocks) or Burn's
+//! (`burn::tensor::module`: linear, average pooling). The modules themselves stay plain
+//! `burn::nn` types, so records and optimizers see ordinary f32 parameters.
 
 use burn::module::{Module, RunningState};
 use burn::nn::conv::{Conv2d, Conv2dConfig};

@@ -124,6 +124,9 @@ impl Kernels for Flex {
                 return z;
             }
         }
+        // A half-precision direct conv rounds its sum before the bias is added and rounded
+        // (as Flex's f16 conv does; its bf16 conv rounds once): no model has a pointwise or
+        // depthwise conv with a bias.
         let z = direct.unwrap_or_else(|| Self::float_conv2d(x, weight, options));
         match bias {
             Some(bias) => flex_kernels::add_bias(z, &bias).unwrap_or_else(|z| {

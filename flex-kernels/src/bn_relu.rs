@@ -106,10 +106,11 @@ pub fn batch_norm_inference(
         return None;
     }
     let [gamma, beta, mean, var] = vectors.map(|v| values(v, 0, c).into_owned());
+    // r·γ as the training kernel and the composed op form it.
     let scale: Vec<f32> = var
         .iter()
         .zip(&gamma)
-        .map(|(v, g)| g / (v + epsilon as f32).sqrt())
+        .map(|(v, g)| (1.0 / (v + epsilon as f32).sqrt()) * g)
         .collect();
     let z = channels_last(z);
     let per = task_rows(c);

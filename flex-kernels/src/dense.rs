@@ -2,7 +2,7 @@
 //! gemm an image per rayon task: MobileNet's stem (3×3, 3 → 32·α channels), SimpleModel's
 //! conv, and every conv of ResNet but its 1×1 shortcuts. The fused blocks take the output
 //! [channels last](super::channels_last); the composed layers take it channels first, with
-//! the bias added (gemm writes the product transposed into the image's planes).
+//! the bias added (each image's product moved into its planes from the task's buffer).
 //!
 //! Each task lays its image out as a patch matrix `P [places, cin·taps]` (column `ci·taps +
 //! t`, the order of the weight's own `[cout, cin, kh, kw]` rows, so no product permutes the
@@ -13,9 +13,6 @@
 //! forward      Z [places, cout] = P · Wᵀ
 //! weight grad  dW [cout, cin·taps] = Σᵢ dZᵢᵀ · Pᵢ      (per image, summed in a fixed order)
 //! input grad   dPᵢᵀ [cin·taps, places] = Wᵀ · dZᵢᵀ,  dXᵢ = col2im(dPᵢᵀ)   (channels first)
-//! ```
-//! (The input gradient's `dPᵀ` runs along the image's rows, so col2im adds runs of values.)
-//! ```text
 //! ```
 //! Flex's conv made its output channels first (transposed afterwards for the block), and its
 //! weight gradient reshaped both operands through its strided copy, value by value: the stem

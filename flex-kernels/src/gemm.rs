@@ -7,38 +7,26 @@
 /// is zero or a stride reaches past its slice (computed without overflow), so no call reads or
 /// writes outside the slices it was given.
 pub(crate) fn gemm_into(
-    dims: (usize, usize, usize),
+    (rows, cols, inner): (usize, usize, usize),
     (dst, dst_rs): (&mut [f32], usize),
     add: bool,
     lhs: (&[f32], (usize, usize)),
     rhs: (&[f32], (usize, usize)),
     parallel: bool,
 ) {
-    gemm_into_strided(dims, (dst, (dst_rs, 1)), add, lhs, rhs, parallel)
-}
-
-/// [`gemm_into`] with a destination of any (row, column) strides: `(1, rows)` writes the
-/// product transposed (column-major), as a channels-first image's `[channels, places]` planes
-/// take a `[places, channels]` product.
-pub(crate) fn gemm_into_strided(
-    (rows, cols, inner): (usize, usize, usize),
-    (dst, (dst_rs, dst_cs)): (&mut [f32], (usize, usize)),
-    add: bool,
-    lhs: (&[f32], (usize, usize)),
-    rhs: (&[f32], (usize, usize)),
-    parallel: bool,
-) {
     assert!(
-        reach(rows, cols, dst_rs, dst_cs).is_some_and(|r| r <= dst.len()),
-        "gemm: the destination [{rows}, {cols}] (strides {dst_rs}, {dst_cs}) lies outside its {} values",
+        dst_rs >= cols && reach(rows, cols, dst_rs, 1).is_some_and(|r| r <= dst.len()),
+        "gemm: the destination [{rows}, {cols}] (row stride {dst_rs}) overlaps itself or lies \
+         outside its {} values",
         dst.len()
     );
     // SAFETY: the assert keeps every destination address inside `dst`, which holds
-    // initialised values (read when `add`); gemm_raw checks the operands.
+    // initialised values (read when `add`), and no two of them equal (rows do not overlap:
+    // gemm's threads write disjoint values); gemm_raw checks the operands.
     unsafe {
         gemm_raw(
             (rows, cols, inner),
-            (dst.as_mut_ptr(), (dst_rs, dst_cs)),
+            (dst.as_mut_ptr(), dst_rs),
             add,
             lhs,
             rhs,
@@ -77,7 +65,7 @@ pub(crate) fn gemm_new(
     unsafe {
         gemm_raw(
             (rows, cols, inner),
-            (out.as_mut_ptr(), (cols, 1)),
+            (out.as_mut_ptr(), cols),
             false,
             lhs,
             rhs,
@@ -88,15 +76,15 @@ pub(crate) fn gemm_new(
     out
 }
 
-/// `dst [rows, cols] (= or +=) lhs · rhs` in f32 through a raw destination with strides
-/// `(dst_rs, dst_cs)`. The operands' reach is checked here.
+/// `dst [rows, cols] (= or +=) lhs · rhs` in f32 through a raw destination with row stride
+/// `dst_rs` (column stride 1). The operands' reach is checked here.
 ///
 /// # Safety
-/// `dst` must be valid for writes at `i · dst_rs + j · dst_cs` for every `i < rows`,
-/// `j < cols`, and for reads there when `add`.
+/// `dst` must be valid for writes at `i · dst_rs + j` for every `i < rows`, `j < cols`, and
+/// for reads there when `add`, and those addresses distinct (`dst_rs ≥ cols`).
 unsafe fn gemm_raw(
     (rows, cols, inner): (usize, usize, usize),
-    (dst, (dst_rs, dst_cs)): (*mut f32, (usize, usize)),
+    (dst, dst_rs): (*mut f32, usize),
     add: bool,
     (lhs, (l_rs, l_cs)): (&[f32], (usize, usize)),
     (rhs, (r_rs, r_cs)): (&[f32], (usize, usize)),
@@ -121,14 +109,14 @@ unsafe fn gemm_raw(
     // Strides as gemm takes them; each fits an isize, since it reached inside a slice.
     let signed = |v: usize| v as isize;
     // SAFETY: the asserts above keep every address the strides form inside the slices; the
-    // caller vouches for `dst` with strides `(dst_rs, dst_cs)`.
+    // caller vouches for `dst` with row stride `dst_rs`.
     unsafe {
         gemm::gemm(
             rows,
             cols,
             inner,
             dst,
-            signed(dst_cs),
+            1,
             signed(dst_rs),
             add,
             lhs.as_ptr(),

@@ -223,3 +223,27 @@ fn relu_equals_burns_under_activation_checkpointing() {
     relu_against_burn::<Autodiff<Flex, BalancedCheckpointing>>(DType::F32);
     relu_against_burn::<Autodiff<Flex, BalancedCheckpointing>>(DType::F16);
 }
+
+/// Without autodiff an input that is the last reference to its buffer is rectified in place:
+/// the same bits as Burn's ReLU (run first on a copy), in f32, f16 and bf16, both layouts.
+#[test]
+fn relu_in_place_equals_burns_bit_for_bit() {
+    let device = Default::default();
+    let values = relu_values(120);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let fresh = |last: bool| {
+            let t = Tensor::<Flex, 1>::from_floats(values.as_slice(), &device);
+            match last {
+                false => t.reshape([2, 3, 4, 5]).cast(dtype),
+                true => t.reshape([2, 4, 5, 3]).cast(dtype).permute([0, 3, 1, 2]),
+            }
+        };
+        for last in [false, true] {
+            let burn = bits_of(burn::tensor::activation::relu(fresh(last)));
+            // `fresh` returns the only reference to its buffer.
+            let ours = <Flex as ModelBackend>::relu_layer(fresh(last).into_primitive().tensor());
+            let ours = Tensor::<Flex, 4>::from_primitive(TensorPrimitive::Float(ours));
+            assert_eq!(bits_of(ours), burn, "{dtype:?}, channels last: {last}");
+        }
+    }
+}
