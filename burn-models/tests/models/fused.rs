@@ -333,10 +333,9 @@ fn conv_relu_pool_in_slices_equals_the_composed_layers() {
 /// weight and bias gradients off the pooled gradient (one multiply-add per surviving window
 /// and tap, summed in f32) instead of unpooling it and running the conv backward. Equal to
 /// the composed layers to rounding, and no further from the all-f32 gradient than they are;
-/// a stride-2 conv, which that kernel does not cover, takes the backend's ops and agrees too.
-/// 32 output channels, so that Flex's composed conv takes its im2col path, as SimpleModel's
-/// 64 do, and the outputs agree bit for bit (in f16 its small-channel path rounds every tap's
-/// product and sum to f16, and winners of near-tied windows then differ).
+/// a stride-2 conv, which that kernel does not cover, takes the composed layers' kernels and
+/// agrees too. The outputs agree bit for bit: the composed conv runs the block's own conv at
+/// stride 1, and both run the composed conv's kernels at stride 2.
 #[test]
 fn first_block_gradients_off_the_pooled_gradient_equal_the_composed_layers() {
     let device = Default::default();
