@@ -15,6 +15,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, FloatTensor};
 use burn::tensor::DType;
 
+use crate::attention;
 use crate::batch_norm::{self, BatchNormOutput};
 use crate::boundary::{self, Boundary};
 use crate::context::RunContext;
@@ -107,6 +108,16 @@ pub trait ModelBackend: Backend {
         cx: &RunContext,
     ) -> FloatTensor<Self>;
 
+    /// Causal attention of `q`, `k`, `v` (`[batch, heads, seq, head_dim]`, one dtype), equal
+    /// to [`attention::naive`] within rounding. Under autodiff, one graph op that keeps its
+    /// inputs, its output and one f32 log-sum-exp per row, and recomputes the scores in
+    /// backward ([`attention`]).
+    fn memory_efficient_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+
     /// `x` unchanged. Under autodiff, `cx`'s listener hears the forward pass cross `at` and,
     /// later, the backward pass; a plain backend (inference) has no backward to pair with and
     /// reports nothing.
@@ -195,6 +206,14 @@ impl<B: Kernels> ModelBackend for B {
         max_pool::max_pool_plain::<B>(x, window)
     }
 
+    fn memory_efficient_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        attention::memory_efficient_plain::<B>(q, k, v)
+    }
+
     fn boundary(x: FloatTensor<Self>, _: Boundary, _: &RunContext) -> FloatTensor<Self> {
         x
     }
@@ -281,6 +300,14 @@ impl<B: Kernels, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
         cx: &RunContext,
     ) -> FloatTensor<Self> {
         max_pool::max_pool_autodiff::<B, C>(x, window, at, cx)
+    }
+
+    fn memory_efficient_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        attention::memory_efficient_autodiff::<B, C>(q, k, v)
     }
 
     fn boundary(x: FloatTensor<Self>, at: Boundary, cx: &RunContext) -> FloatTensor<Self> {

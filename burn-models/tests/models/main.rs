@@ -2,6 +2,8 @@
 //! binary (each one links Burn).
 //!
 //! Table of contents:
+/// Memory-efficient attention against naive attention, values and gradients, f32 and f16.
+mod attention;
 /// oomlab's batch-norm autodiff op against Burn's BatchNorm, in f32 and f16.
 mod batch_norm;
 /// Layer boundaries: identity ops heard in both passes, checkpointing included.

@@ -1,0 +1,140 @@
+//! The engine's memory-efficient attention against naive attention: the same output and the
+//! same `q`, `k` and `v` gradients, in f32 and f16, with a sequence that ends inside a key
+//! block, under autodiff (with and without activation checkpointing) and without it. Naive
+//! attention itself against a softmax written out by hand, and causal.
+
+use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, Distribution, Tensor, TensorData, TensorPrimitive};
+use burn_models::ModelBackend;
+use oomlab_engine::attention::{naive, KEY_BLOCK};
+
+/// Two full key blocks and a partial one.
+const SHAPE: [usize; 4] = [2, 3, 2 * KEY_BLOCK + 22, 16];
+
+fn memory_efficient<B: ModelBackend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    let prim = |t: Tensor<B, 4>| t.into_primitive().tensor();
+    Tensor::from_primitive(TensorPrimitive::Float(B::memory_efficient_attention(
+        prim(q),
+        prim(k),
+        prim(v),
+    )))
+}
+
+/// Random `q`, `k`, `v` (scaled so the softmax is far from uniform) and a loss weight, in f32.
+fn inputs<B: AutodiffBackend>() -> [Tensor<B, 4>; 4] {
+    let device = Default::default();
+    let normal = |s: f64| Tensor::<B, 4>::random(SHAPE, Distribution::Normal(0.0, s), &device);
+    [normal(2.0), normal(2.0), normal(1.0), normal(1.0)]
+}
+
+/// `(output, dq, dk, dv)` as f32, of `attention(q, k, v)` in `dtype` for the loss Σ (output · r).
+fn run<B: AutodiffBackend>(
+    [q, k, v, r]: [Tensor<B, 4>; 4],
+    dtype: DType,
+    attention: impl Fn(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) -> Tensor<B, 4>,
+) -> [Vec<f32>; 4] {
+    let [q, k, v] = [q, k, v].map(|t| t.cast(dtype).detach().require_grad());
+    let y = attention(q.clone(), k.clone(), v.clone());
+    assert_eq!(y.dtype(), dtype);
+    let grads = (y.clone().cast(DType::F32) * r).sum().backward();
+    let f32s = |t: Tensor<B::InnerBackend, 4>| t.cast(DType::F32).into_data().to_vec().unwrap();
+    [
+        f32s(y.inner()),
+        f32s(q.grad(&grads).unwrap()),
+        f32s(k.grad(&grads).unwrap()),
+        f32s(v.grad(&grads).unwrap()),
+    ]
+}
+
+/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude.
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+fn agree<B: AutodiffBackend + ModelBackend>(dtype: DType, tolerance: f32) {
+    let inputs = inputs::<B>();
+    let reference = run(inputs.clone(), dtype, naive);
+    let lean = run(inputs, dtype, memory_efficient);
+    for (name, (a, b)) in ["output", "dq", "dk", "dv"]
+        .iter()
+        .zip(lean.iter().zip(&reference))
+    {
+        let err = rel_err(a, b);
+        assert!(err < tolerance, "{dtype:?} {name}: {err}");
+    }
+}
+
+#[test]
+fn memory_efficient_attention_equals_naive_in_f32() {
+    agree::<Autodiff<Flex>>(DType::F32, 1e-5);
+}
+
+#[test]
+fn memory_efficient_attention_equals_naive_in_f16() {
+    // Both round the matmuls' operands and results to f16 (11 significant bits), at different
+    // points: the blocks' partial products against the whole row's.
+    agree::<Autodiff<Flex>>(DType::F16, 4e-3);
+}
+
+#[test]
+fn memory_efficient_attention_equals_naive_under_checkpointing() {
+    agree::<Autodiff<Flex, BalancedCheckpointing>>(DType::F32, 1e-5);
+}
+
+#[test]
+fn memory_efficient_attention_without_autodiff_equals_naive() {
+    let [q, k, v, _] = inputs::<Autodiff<Flex>>().map(|t| t.inner());
+    let a = memory_efficient(q.clone(), k.clone(), v.clone());
+    let b = naive(q, k, v);
+    let err = rel_err(
+        &a.into_data().to_vec::<f32>().unwrap(),
+        &b.into_data().to_vec::<f32>().unwrap(),
+    );
+    assert!(err < 1e-5, "{err}");
+}
+
+#[test]
+fn naive_attention_is_the_causal_softmax_written_out() {
+    // One head, three positions, head_dim 1: scores q_i·k_j/1, row i sees keys 0..=i.
+    let device = Default::default();
+    let t = |v: [f32; 3]| {
+        Tensor::<Flex, 4>::from_data(TensorData::new(v.to_vec(), [1, 1, 3, 1]), &device)
+    };
+    let (q, k, v) = ([0.5, -1.0, 2.0], [1.0, 3.0, -0.5], [10.0, 20.0, 40.0]);
+    let out = naive(t(q), t(k), t(v)).into_data().to_vec::<f32>().unwrap();
+    for i in 0..3 {
+        let w: Vec<f32> = (0..=i).map(|j| (q[i] * k[j]).exp()).collect();
+        let expected = w.iter().zip(&v).map(|(w, v)| w * v).sum::<f32>() / w.iter().sum::<f32>();
+        assert!(
+            (out[i] - expected).abs() < 1e-4,
+            "row {i}: {} vs {expected}",
+            out[i]
+        );
+    }
+}
+
+#[test]
+fn later_keys_do_not_change_earlier_outputs() {
+    let [q, k, v, _] = inputs::<Autodiff<Flex>>().map(|t| t.inner());
+    let [b, h, s, d] = SHAPE;
+    let cut = KEY_BLOCK + 5;
+    let noise = Tensor::<Flex, 4>::random([b, h, s - cut, d], Distribution::Default, &q.device());
+    let changed = |t: Tensor<Flex, 4>| t.slice_assign([0..b, 0..h, cut..s, 0..d], noise.clone());
+    let first = |t: Tensor<Flex, 4>| {
+        t.slice([0..b, 0..h, 0..cut, 0..d])
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap()
+    };
+    let before = first(memory_efficient(q.clone(), k.clone(), v.clone()));
+    let after = first(memory_efficient(q, changed(k), changed(v)));
+    assert_eq!(before, after);
+}
