@@ -1,5 +1,5 @@
-//! Models for oomlab: the seed article's [`SimpleModel`], a MobileNetV1 ([`MobileNet`]) and
-//! ResNet-18/34/50 ([`ResNet`]).
+//! Models for oomlab: the seed article's [`SimpleModel`], a MobileNetV1 ([`MobileNet`]),
+//! ResNet-18/34/50 ([`ResNet`]) and a GPT-2-style language model ([`Gpt`]).
 //!
 //! The only place a network is defined. Each is generic over a backend the engine runs
 //! ([`ModelBackend`]) and takes the run's [`RunContext`] in `forward`: its precision policy
@@ -8,11 +8,13 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod gpt;
 pub mod layers;
 pub mod mobilenet;
 pub mod resnet;
 pub mod simple;
 
+pub use gpt::{Attention, Gpt, GptConfig, GptError};
 pub use mobilenet::{MobileNet, MobileNetConfig, MobileNetError};
 pub use oomlab_engine::{ModelBackend, Precision, RunContext};
 pub use resnet::{

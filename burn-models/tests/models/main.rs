@@ -14,6 +14,8 @@ mod composed;
 mod flex;
 /// The fused blocks against the composed layers: the same bits forward and backward.
 mod fused;
+/// The GPT-2-style model: parameter count, bad configs, causality, both attentions, learning.
+mod gpt;
 /// The engine's max-pool against Burn's; its backward heard between its boundaries.
 mod pool;
 /// Parameter counts against the article, the paper, Keras and torchvision; output shapes; bad
