@@ -1,9 +1,11 @@
-//! Images and labels: the built-in synthetic set and CIFAR-10, normalised and batched.
+//! Images and labels: the built-in synthetic set and CIFAR-10, normalised and batched; and text
+//! as byte-level tokens ([`text`]).
 
 mod batcher;
 mod cifar10;
 mod rng;
 mod synthetic;
+pub mod text;
 
 use std::path::PathBuf;
 
@@ -64,6 +66,15 @@ pub enum DataError {
     /// A split without a single record.
     #[error("no images in {}: every file of the split is empty", paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
     Empty { paths: Vec<PathBuf> },
+    /// A text file over the size bound.
+    #[error("{path}: more than {max} bytes (the most a text file may hold)")]
+    TextTooLarge { path: PathBuf, max: u64 },
+    /// A text file that is not UTF-8.
+    #[error("{path}: not UTF-8 text (invalid byte sequence at byte {offset})")]
+    NotUtf8 { path: PathBuf, offset: usize },
+    /// A text file too short for one window in each split.
+    #[error("{path}: too short: at least {needed} bytes give train and eval one window of seq_len + 1 tokens each")]
+    TextTooShort { path: PathBuf, needed: usize },
     /// A label outside 0..=9.
     #[error("{path}: record {record}: label {label} is not in 0..=9")]
     Label {

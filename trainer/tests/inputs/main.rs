@@ -12,3 +12,5 @@ mod fuzz;
 /// summary.json read back: every spelling parses into the report's enums and is rewritten
 /// byte for byte.
 mod summaries;
+/// The text reader and the built-in corpus: splits, windows, bad files.
+mod text;
