@@ -63,12 +63,12 @@ fill() {
   }
   if [[ $check == 1 ]]; then
     # The stamp dates the run. The diagnosis's absolute peaks include the CPU backend's
-    # matmul slabs (threads × this CPU's L2), which differ between machines: compared are its
-    # savings, their order and the commands.
+    # matmul slabs (threads × this CPU's L2), which differ between machines, and so does which
+    # fix fits the budget: compared are its savings, their order and the commands.
     unstamped() {
       grep -v '^\*Measured .* by scripts/book-figures\.sh\.\*$' |
         sed -E -e 's/(predicted peak of this config: )[0-9.]+ MiB/\1N MiB/' \
-          -e 's/→ +[0-9.]+ MiB/→ N MiB/' || true
+          -e 's/→ +[0-9.]+ MiB/→ N MiB/' -e 's/ \(fits the budget\)//' || true
     }
     awk -v start="<!-- figure $name -->" '
       $0 == start { inside = 1; next }

@@ -1,4 +1,4 @@
-//! A GPT-2-style language model: GPT-2's architecture exactly, at any size.
+//! A GPT-2-style language model: GPT-2's architecture exactly (without dropout), at any size.
 //!
 //! ```text
 //! tokens [B,T] → token embedding + position embedding → n_layer × block → LayerNorm
@@ -216,10 +216,18 @@ impl<B: Backend> Gpt<B> {
 
 impl<B: ModelBackend> Gpt<B> {
     /// Next-token logits, `[batch, seq, vocab]` in the policy's output dtype, of `tokens`
-    /// (`[batch, seq]`, `seq` at most the config's `seq_len`).
+    /// (`[batch, seq]`).
+    ///
+    /// # Panics
+    /// When `seq` is over the config's `seq_len` (the trainer's config check refuses that).
     pub fn forward(&self, tokens: Tensor<B, 2, Int>, cx: &RunContext) -> Tensor<B, 3> {
         let p = &cx.precision;
         let [batch, seq] = tokens.dims();
+        let positions_held = self.position_embedding.weight.dims()[0];
+        assert!(
+            seq <= positions_held,
+            "{seq} tokens, {positions_held} positions"
+        );
         let device = tokens.device();
         let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &device).reshape([1, seq]);
         let x = self.token_embedding.forward(tokens) + self.position_embedding.forward(positions);

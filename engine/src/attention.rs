@@ -11,8 +11,13 @@
 //! - the memory-efficient op (the FlashAttention algorithm, written for clarity): the output
 //!   and one f32 log-sum-exp per row. Forward walks the keys in blocks of [`KEY_BLOCK`] with a
 //!   running maximum and sum (the online softmax); backward recomputes each block's scores
-//!   from `q`, `k` and the log-sum-exp. Beyond its inputs and output it never holds more than
-//!   one block's scores, `batch × heads × seq × KEY_BLOCK`: memory linear in the sequence.
+//!   from `q`, `k` and the log-sum-exp. While it runs it holds an f32 accumulator the size of
+//!   its output (forward's weighted sum, backward's `dq`), the finished blocks of `dk` and `dv`
+//!   (joined at the end, so briefly twice), and a few buffers of one block's scores, `batch ×
+//!   heads × seq × KEY_BLOCK` values each: memory linear in the sequence, never quadratic.
+//!
+//! Both scale `q` by `1/√head_dim` before `q·kᵀ`, as PyTorch does, so a half-precision score
+//! overflows only where the scaled score itself would.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -27,8 +32,8 @@ use burn::tensor::{Bool, DType, Int, Tensor};
 use crate::cast::{cast, float, prim};
 use crate::kernels::Kernels;
 
-/// Keys per block of the memory-efficient op: its scores for one block, `batch × heads × seq ×
-/// KEY_BLOCK` f32 values, are the most it holds at once beyond its inputs and output.
+/// Keys per block of the memory-efficient op: each of its score buffers holds `batch × heads ×
+/// seq × KEY_BLOCK` values.
 pub const KEY_BLOCK: usize = 64;
 
 /// Causal attention composed from tensor ops: `q`, `k`, `v` are `[batch, heads, seq, head_dim]`
@@ -37,7 +42,7 @@ pub const KEY_BLOCK: usize = 64;
 pub fn naive<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Tensor<B, 4> {
     let [batch, heads, seq, head_dim] = q.dims();
     let dtype = q.dtype();
-    let scores = cast(q.matmul(k.swap_dims(2, 3)), DType::F32) * scale(head_dim);
+    let scores = cast((q * scale(head_dim)).matmul(k.swap_dims(2, 3)), DType::F32);
     let mask = future(seq, 0, seq, &v.device()).expand([batch, heads, seq, seq]);
     let scores = scores.mask_fill(mask, f32::NEG_INFINITY);
     cast(softmax(scores, 3), dtype).matmul(v)
@@ -66,24 +71,23 @@ fn future<B: Backend>(
     keys.greater(queries)
 }
 
-/// One key block's scaled, masked scores, `[batch, heads, seq, end - start]` in f32, and the
-/// block's keys and values.
+/// One key block's masked scores, `[batch, heads, seq, end - start]` in f32, from the scaled
+/// queries `qs`, and the block's keys and values.
 fn block_scores<B: Backend>(
-    q: &Tensor<B, 4>,
+    qs: &Tensor<B, 4>,
     k: &Tensor<B, 4>,
     v: &Tensor<B, 4>,
     start: usize,
     end: usize,
 ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
-    let [batch, heads, seq, head_dim] = q.dims();
-    let kj = k
-        .clone()
-        .slice([0..batch, 0..heads, start..end, 0..head_dim]);
-    let vj = v
-        .clone()
-        .slice([0..batch, 0..heads, start..end, 0..head_dim]);
-    let scores = cast(q.clone().matmul(kj.clone().swap_dims(2, 3)), DType::F32) * scale(head_dim);
-    let mask = future(seq, start, end, &q.device()).expand([batch, heads, seq, end - start]);
+    let [batch, heads, seq, head_dim] = qs.dims();
+    let block = |t: &Tensor<B, 4>| {
+        t.clone()
+            .slice([0..batch, 0..heads, start..end, 0..head_dim])
+    };
+    let (kj, vj) = (block(k), block(v));
+    let scores = cast(qs.clone().matmul(kj.clone().swap_dims(2, 3)), DType::F32);
+    let mask = future(seq, start, end, &qs.device()).expand([batch, heads, seq, end - start]);
     (scores.mask_fill(mask, f32::NEG_INFINITY), kj, vj)
 }
 
@@ -107,10 +111,11 @@ fn forward<B: Backend>(
     let mut max = Tensor::<B, 4>::full([batch, heads, seq, 1], f32::NEG_INFINITY, f32s);
     let mut sum = Tensor::<B, 4>::zeros([batch, heads, seq, 1], f32s);
     let mut acc = Tensor::<B, 4>::zeros([batch, heads, seq, head_dim], f32s);
+    let qs = q.clone() * scale(head_dim);
     // The first block holds key 0, which every query sees: from then on `max` is finite, and a
     // key a query may not see adds exp(-inf) = 0.
     for (start, end) in blocks(seq) {
-        let (scores, _, vj) = block_scores(q, k, v, start, end);
+        let (scores, _, vj) = block_scores(&qs, k, v, start, end);
         let new_max = max.clone().max_pair(scores.clone().max_dim(3));
         let p = (scores - new_max.clone()).exp();
         let rescale = (max - new_max.clone()).exp();
@@ -135,9 +140,10 @@ fn backward<B: Backend>(
     // Row i's Σ_j p_ij·dp_ij, which the softmax's backward subtracts: dO_i · O_i.
     let delta = (cast(dout.clone(), DType::F32) * cast(out, DType::F32)).sum_dim(3);
     let mut dq = Tensor::<B, 4>::zeros([batch, heads, seq, head_dim], (&device, DType::F32));
+    let qs = q.clone() * scale(head_dim);
     let (mut dk, mut dv) = (Vec::new(), Vec::new());
     for (start, end) in blocks(seq) {
-        let (scores, kj, vj) = block_scores(&q, &k, &v, start, end);
+        let (scores, kj, vj) = block_scores(&qs, &k, &v, start, end);
         let p = (scores - lse.clone()).exp();
         dv.push(cast(p.clone(), dtype).swap_dims(2, 3).matmul(dout.clone()));
         let dp = cast(dout.clone().matmul(vj.swap_dims(2, 3)), DType::F32);

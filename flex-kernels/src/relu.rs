@@ -86,7 +86,7 @@ pub fn relu(x: FlexTensor) -> Result<FlexTensor, FlexTensor> {
 /// to be rewritten in place, in parallel: one pass over memory, and `f` a vector loop.
 fn mapped<T: bytemuck::Pod + Send + Sync>(src: &[T], f: impl Fn(&mut [T]) + Sync) -> Vec<T> {
     let mut out: Vec<T> = Vec::with_capacity(src.len());
-    out.spare_capacity_mut()
+    out.spare_capacity_mut()[..src.len()]
         .par_chunks_mut(CHUNK)
         .zip(src.par_chunks(CHUNK))
         .for_each(|(o, s)| f(o.write_copy_of_slice(s)));

@@ -1,7 +1,8 @@
 //! The engine's memory-efficient attention against naive attention: the same output and the
 //! same `q`, `k` and `v` gradients, in f32 and f16, with a sequence that ends inside a key
 //! block, under autodiff (with and without activation checkpointing) and without it. Naive
-//! attention itself against a softmax written out by hand, and causal.
+//! attention itself against a softmax written out by hand; the memory-efficient one causal,
+//! forward and backward.
 
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::{Autodiff, Flex};
@@ -52,17 +53,31 @@ fn run<B: AutodiffBackend>(
     ]
 }
 
-/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude.
+/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude; both
+/// must be finite (a NaN would slip through `max`).
 fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
+    assert!(
+        a.iter().chain(b).all(|v| v.is_finite()),
+        "a value not finite"
+    );
     let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
 fn agree<B: AutodiffBackend + ModelBackend>(dtype: DType, tolerance: f32) {
     let inputs = inputs::<B>();
-    let reference = run(inputs.clone(), dtype, naive);
-    let lean = run(inputs, dtype, memory_efficient);
+    // `q`, `k`, `v` made by memory-bound ops, as a model's are: under checkpointing the op's
+    // backward reads them recomputed.
+    let made = |q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>| (q * 2.0, k.neg(), v.exp());
+    let reference = run(inputs.clone(), dtype, |q, k, v| {
+        let (q, k, v) = made(q, k, v);
+        naive(q, k, v)
+    });
+    let lean = run(inputs, dtype, |q, k, v| {
+        let (q, k, v) = made(q, k, v);
+        memory_efficient(q, k, v)
+    });
     for (name, (a, b)) in ["output", "dq", "dk", "dv"]
         .iter()
         .zip(lean.iter().zip(&reference))
@@ -135,6 +150,30 @@ fn later_keys_do_not_change_earlier_outputs() {
             .unwrap()
     };
     let before = first(memory_efficient(q.clone(), k.clone(), v.clone()));
-    let after = first(memory_efficient(q, changed(k), changed(v)));
+    let after = first(memory_efficient(
+        q.clone(),
+        changed(k.clone()),
+        changed(v.clone()),
+    ));
     assert_eq!(before, after);
+    // Backward: the earlier outputs' loss has no gradient on the later keys and values.
+    type A = Autodiff<Flex>;
+    let [q, k, v] = [q, k, v].map(|t| Tensor::<A, 4>::from_inner(t).require_grad());
+    let out = memory_efficient(q, k.clone(), v.clone()).slice([0..b, 0..h, 0..cut, 0..d]);
+    let grads = out.sum().backward();
+    for g in [k.grad(&grads).unwrap(), v.grad(&grads).unwrap()] {
+        let later = g
+            .clone()
+            .slice([0..b, 0..h, cut..s, 0..d])
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap();
+        assert!(later.iter().all(|&x| x == 0.0));
+        let earlier = g
+            .slice([0..b, 0..h, 0..cut, 0..d])
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap();
+        assert!(earlier.iter().any(|&x| x != 0.0));
+    }
 }

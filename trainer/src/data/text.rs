@@ -11,8 +11,8 @@
 //! - `echo lamp river stone: lamp river stone.`: three random words repeated, which only
 //!   copying from earlier in the line predicts (an induction head).
 //!
-//! What cannot be learnt is the random choices: 3 × 3 bits of word choice in a 20-byte
-//! sentence, 2 × log₂ 50 bits in a 14-byte sum, 3 × 4 bits in a 40-byte echo, and the line
+//! What cannot be learnt is the random choices: 3 × 3 bits of word choice in a 25-byte
+//! sentence, 2 × log₂ 50 bits in a 14-byte sum, 3 × 4 bits in a 45-byte echo, and the line
 //! kind. Per byte that is about 0.3 nats, against ln 256 = 5.55 for a model that knows
 //! nothing: an eval loss near 0.5 means the model has learnt all three skills.
 
@@ -28,9 +28,6 @@ pub const VOCAB: usize = 256;
 
 /// The largest text file read.
 pub const MAX_TEXT_BYTES: u64 = 1 << 30;
-
-/// Of every text, the last tenth is held out for evaluation (nanoGPT's split).
-pub const EVAL_FRACTION: f64 = 0.1;
 
 /// A text's train and eval tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +53,7 @@ pub fn load_text(path: &Path, seq_len: usize) -> Result<TokenSplits, DataError> 
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .map_err(read)?;
-    // The opened handle is what is checked and read: a swap after the open changes nothing.
+    // The opened handle is what is checked and read (and `take` bounds one that grows): a swap after the open changes nothing.
     let meta = file.metadata().map_err(read)?;
     if !meta.is_file() {
         return Err(read(std::io::Error::new(
@@ -64,15 +61,19 @@ pub fn load_text(path: &Path, seq_len: usize) -> Result<TokenSplits, DataError> 
             "not a regular file",
         )));
     }
-    let mut bytes = Vec::with_capacity(meta.len().min(MAX_TEXT_BYTES) as usize);
+    let too_large = || DataError::TextTooLarge {
+        path: path.to_owned(),
+        max: MAX_TEXT_BYTES,
+    };
+    if meta.len() > MAX_TEXT_BYTES {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
     file.take(MAX_TEXT_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(read)?;
     if bytes.len() as u64 > MAX_TEXT_BYTES {
-        return Err(DataError::TextTooLarge {
-            path: path.to_owned(),
-            max: MAX_TEXT_BYTES,
-        });
+        return Err(too_large());
     }
     if let Err(e) = std::str::from_utf8(&bytes) {
         return Err(DataError::NotUtf8 {
@@ -91,28 +92,33 @@ pub fn corpus_splits(bytes: usize, seed: u64, seq_len: usize) -> Result<TokenSpl
     split(generate_corpus(bytes, seed), seq_len)
 }
 
-/// Splits `bytes` at nine tenths; `Err` carries the fewest bytes that would give each split
-/// one window of `seq_len + 1` tokens.
+/// Splits `bytes` at nine tenths (eval, nanoGPT's split, gets the last tenth, rounded half
+/// up); `Err` carries the fewest bytes that give each split one window of `seq_len + 1` tokens.
 fn split(mut bytes: Vec<u8>, seq_len: usize) -> Result<TokenSplits, usize> {
-    let eval_len = (bytes.len() as f64 * EVAL_FRACTION).round() as usize;
+    let eval_len = (bytes.len() + 5) / 10;
     let window = seq_len + 1;
     let train_len = bytes.len() - eval_len;
     if eval_len < window || train_len < window {
-        // Eval gets a tenth: the whole must give a tenth of at least one window.
-        return Err(window.saturating_mul(10));
+        // (len + 5) / 10 ≥ window from len = 10·window − 5 on; train is then 9 times larger.
+        return Err(window.saturating_mul(10) - 5);
     }
     let eval = bytes.split_off(train_len);
     Ok(TokenSplits { train: bytes, eval })
 }
 
 /// `(inputs, targets)`, each `[starts.len(), seq_len]`: the windows of `tokens` beginning at
-/// `starts`, and the same shifted by one.
+/// `starts`, and the same shifted by one. Every start leaves `seq_len + 1` tokens (as
+/// [`train_starts`] and [`eval_starts`] give).
 pub fn windows<B: Backend>(
     tokens: &[u8],
     starts: &[usize],
     seq_len: usize,
     device: &B::Device,
 ) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
+    assert!(
+        starts.iter().all(|&s| s + seq_len < tokens.len()),
+        "a window past the tokens' end"
+    );
     let take = |offset: usize| {
         let values: Vec<i64> = starts
             .iter()
@@ -127,8 +133,9 @@ pub fn windows<B: Backend>(
     (take(0), take(1))
 }
 
-/// `batch` window starts for training step `step`, uniform over `tokens` (nanoGPT's sampling):
-/// the same for the same seed and step on every machine.
+/// `batch` window starts for training step `step`, uniform over `tokens` tokens (nanoGPT's
+/// sampling): the same for the same seed and step on every machine. `tokens` must hold a
+/// window (each split does).
 pub fn train_starts(
     tokens: usize,
     seq_len: usize,
@@ -136,14 +143,18 @@ pub fn train_starts(
     seed: u64,
     step: u64,
 ) -> Vec<usize> {
-    let last = tokens - (seq_len + 1);
+    let last = tokens
+        .checked_sub(seq_len + 1)
+        .expect("fewer tokens than one window");
     let mut rng = SplitMix64::new(seed ^ step.wrapping_mul(0x9E37_79B9), 2);
     (0..batch).map(|_| rng.below(last + 1)).collect()
 }
 
-/// Evaluation's window starts: back to back from the split's beginning, at most `max`.
+/// Evaluation's window starts: back to back from the split's beginning (each window's last
+/// target is the next one's first input), at most `max`.
 pub fn eval_starts(tokens: usize, seq_len: usize, max: usize) -> Vec<usize> {
-    (0..tokens.saturating_sub(seq_len) / seq_len)
+    assert!(seq_len > 0, "an empty window");
+    (0..tokens.saturating_sub(1) / seq_len)
         .map(|i| i * seq_len)
         .take(max)
         .collect()

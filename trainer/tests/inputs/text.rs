@@ -55,7 +55,7 @@ fn bad_text_files_are_one_line_naming_the_file() {
         (
             error(&short, 8),
             format!(
-                "{}: too short: at least 90 bytes give train and eval one window of seq_len + 1 tokens each",
+                "{}: too short: at least 85 bytes give train and eval one window of seq_len + 1 tokens each",
                 short.display()
             ),
         ),
@@ -110,7 +110,12 @@ fn windows_are_inputs_and_targets_one_token_apart() {
         train_starts(50, 10, 16, 7, 1)
     );
     assert_eq!(eval_starts(50, 10, 100), [0, 10, 20, 30]);
+    assert_eq!(eval_starts(51, 10, 100), [0, 10, 20, 30, 40]);
     assert_eq!(eval_starts(50, 10, 2), [0, 10]);
+    // The shortest split holds one window.
+    assert_eq!(eval_starts(11, 10, 100), [0]);
+    let (x, y) = windows::<Flex>(&tokens[..11], &[0], 10, &Default::default());
+    assert_eq!((x.dims(), y.dims()), ([1, 10], [1, 10]));
 }
 
 #[test]
@@ -147,5 +152,8 @@ fn the_built_in_corpus_is_seeded_ascii_with_its_three_kinds_of_line() {
     assert!(kinds.iter().all(|&k| k > full.len() / 4), "{kinds:?}");
     let splits = corpus_splits(1000, 1, 32).unwrap();
     assert_eq!((splits.train.len(), splits.eval.len()), (900, 100));
-    assert_eq!(corpus_splits(300, 1, 32), Err(330));
+    // The fewest bytes that split: 10·33 − 5, eval rounding 32.5 up to 33.
+    assert_eq!(corpus_splits(324, 1, 32), Err(325));
+    let splits = corpus_splits(325, 1, 32).unwrap();
+    assert_eq!((splits.train.len(), splits.eval.len()), (292, 33));
 }
