@@ -2,7 +2,8 @@
 //! same `q`, `k` and `v` gradients, in f32 and f16, with a sequence that ends inside a key
 //! block, under autodiff (with and without activation checkpointing) and without it. Naive
 //! attention itself against a softmax written out by hand; the memory-efficient one causal,
-//! forward and backward.
+//! forward and backward. What each keeps for backward, counted by the allocator: quadratic in
+//! the sequence for naive attention, the output and one f32 per row for the memory-efficient.
 
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::{Autodiff, Flex};
@@ -176,4 +177,109 @@ fn later_keys_do_not_change_earlier_outputs() {
             .unwrap();
         assert!(earlier.iter().any(|&x| x != 0.0));
     }
+}
+
+/// Bytes each thread has allocated and not freed (a free counts against the thread that
+/// frees). The kept-memory test runs its ops on one thread of its own, so its count is theirs.
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        static LIVE: Cell<i64> = const { Cell::new(0) };
+    }
+
+    pub struct Counting;
+
+    fn add(bytes: i64) {
+        // `try_with`: a thread's allocations after its locals are gone go uncounted.
+        let _ = LIVE.try_with(|l| l.set(l.get() + bytes));
+    }
+
+    // SAFETY: every call forwards to `System` unchanged; only a thread-local counter is added.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            add(layout.size() as i64);
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            add(layout.size() as i64);
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            add(-(layout.size() as i64));
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            add(new_size as i64 - layout.size() as i64);
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    /// This thread's live bytes.
+    pub fn live() -> i64 {
+        LIVE.with(|l| l.get())
+    }
+}
+
+#[global_allocator]
+static COUNTING: counting::Counting = counting::Counting;
+
+/// An attention on the CPU under autodiff.
+type Attend = fn(
+    Tensor<Autodiff<Flex>, 4>,
+    Tensor<Autodiff<Flex>, 4>,
+    Tensor<Autodiff<Flex>, 4>,
+) -> Tensor<Autodiff<Flex>, 4>;
+
+/// Bytes the graph keeps after `attention`'s forward at `seq` positions (2 × 4 heads × 32).
+fn kept(seq: usize, attention: Attend) -> i64 {
+    // One thread: every allocation of the ops lands on the thread that counts it.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        let device = Default::default();
+        let t = || {
+            Tensor::<Autodiff<Flex>, 4>::random([2, 4, seq, 32], Distribution::Default, &device)
+                .require_grad()
+        };
+        let (q, k, v) = (t(), t(), t());
+        // The thread's first matmul makes gemm's packing slab (one L2 cache's bytes), which the
+        // thread keeps for its life: made before counting.
+        let square = || Tensor::<Flex, 2>::ones([512, 512], &device);
+        drop(square().matmul(square()));
+        let before = counting::live();
+        let out = attention(q.clone(), k.clone(), v.clone());
+        let kept = counting::live() - before;
+        drop(out);
+        kept
+    })
+}
+
+#[test]
+fn naive_attention_keeps_memory_quadratic_in_the_sequence_the_memory_efficient_linear() {
+    let (naive_256, naive_512) = (kept(256, naive), kept(512, naive));
+    let (lean_256, lean_512) = (kept(256, memory_efficient), kept(512, memory_efficient));
+    // Naive: a·seq² + b·seq bytes, so doubling the sequence multiplies what it keeps by
+    // 2 + 2·(the seq² part's share at 256): over 3 when the seq × seq tensors (2 · 4 · 256² f32
+    // = 2 MiB each) are most of it. Purely linear memory gives 2.
+    let naive_ratio = naive_512 as f64 / naive_256 as f64;
+    assert!(
+        naive_ratio > 3.0,
+        "naive kept {naive_256} → {naive_512} bytes"
+    );
+    // Memory-efficient: the output and one f32 per row, 2 · 4 · seq · (32 + 1) · 4 bytes.
+    let lean_ratio = lean_512 as f64 / lean_256 as f64;
+    assert!(
+        (1.8..2.2).contains(&lean_ratio),
+        "memory-efficient kept {lean_256} → {lean_512} bytes"
+    );
+    let expected = 2 * 4 * 512 * (32 + 1) * 4;
+    assert!(
+        (lean_512 - expected).abs() < expected / 10,
+        "memory-efficient kept {lean_512} bytes at 512, expected ≈ {expected}"
+    );
+    assert!(naive_512 > 8 * lean_512, "{naive_512} vs {lean_512}");
 }

@@ -2,7 +2,8 @@
 //! binary (each one links Burn).
 //!
 //! Table of contents:
-/// Memory-efficient attention against naive attention, values and gradients, f32 and f16.
+/// Memory-efficient attention against naive attention, values and gradients, f32 and f16, and
+/// what each keeps (counted by this binary's allocator).
 mod attention;
 /// oomlab's batch-norm autodiff op against Burn's BatchNorm, in f32 and f16.
 mod batch_norm;
