@@ -20,9 +20,11 @@ use burn::nn::{
 };
 use burn::prelude::*;
 use burn::tensor::activation::gelu_approximate;
-use burn::tensor::{module, TensorPrimitive};
+use burn::tensor::TensorPrimitive;
 
 use oomlab_engine::{attention, cast, ModelBackend, RunContext};
+
+use crate::layers::linear;
 
 /// Which attention the blocks run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -283,16 +285,6 @@ impl<B: ModelBackend> Block<B> {
         let h = gelu_approximate(linear(cx, &self.fc, layer_norm(cx, &self.ln_2, x.clone())));
         x + cast(linear(cx, &self.mlp_proj, h), stream)
     }
-}
-
-/// A linear layer in the policy's compute dtype.
-fn linear<B: Backend>(cx: &RunContext, layer: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
-    let p = &cx.precision;
-    module::linear(
-        p.compute(x),
-        p.compute(layer.weight.val()),
-        layer.bias.as_ref().map(|b| p.compute(b.val())),
-    )
 }
 
 /// LayerNorm over the last axis, in the policy's normalisation dtype, as Burn's (biased

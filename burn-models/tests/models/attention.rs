@@ -12,6 +12,8 @@ use burn::tensor::{DType, Distribution, Tensor, TensorData, TensorPrimitive};
 use burn_models::ModelBackend;
 use oomlab_engine::attention::{naive, KEY_BLOCK};
 
+use crate::rel_err;
+
 /// Two full key blocks and a partial one.
 const SHAPE: [usize; 4] = [2, 3, 2 * KEY_BLOCK + 22, 16];
 
@@ -52,18 +54,6 @@ fn run<B: AutodiffBackend>(
         f32s(k.grad(&grads).unwrap()),
         f32s(v.grad(&grads).unwrap()),
     ]
-}
-
-/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude; both
-/// must be finite (a NaN would slip through `max`).
-fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    assert!(
-        a.iter().chain(b).all(|v| v.is_finite()),
-        "a value not finite"
-    );
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
 fn agree<B: AutodiffBackend + ModelBackend>(dtype: DType, tolerance: f32) {

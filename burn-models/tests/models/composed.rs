@@ -13,6 +13,8 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{module, DType, Distribution, Tensor, TensorPrimitive};
 use burn_models::ModelBackend;
 
+use crate::rel_err;
+
 /// `(c_in, c_out, kernel, stride, padding, groups, bias)` of the convs tried.
 const CONVS: [(usize, usize, usize, usize, usize, usize, bool); 7] = [
     (3, 8, 3, 1, 1, 1, true),   // SimpleModel's
@@ -52,13 +54,6 @@ fn run<B: AutodiffBackend>(
         f32s(w.grad(&grads).unwrap()),
         db,
     ]
-}
-
-/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude.
-fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-    a.iter().zip(b).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
 }
 
 fn against_burn<B>(dtype: DType, tolerance: f32)

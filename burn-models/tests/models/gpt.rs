@@ -10,7 +10,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use burn_models::{Attention, Gpt, GptConfig, GptError, ModelBackend, Precision};
 
-use crate::cx;
+use crate::{cx, rel_err};
 
 type B = Autodiff<Flex>;
 
@@ -157,17 +157,6 @@ fn logits_and_grads(model: &Gpt<B>, r: Tensor<B, 3>) -> (Vec<f32>, Vec<Vec<f32>>
     model.visit(&mut Collect(&grads, &mut all));
     let logits = logits.inner().into_data().to_vec::<f32>().unwrap();
     (logits, all)
-}
-
-/// As attention.rs's: relative to `b`'s largest magnitude, both finite.
-fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    assert!(
-        a.iter().chain(b).all(|v| v.is_finite()),
-        "a value not finite"
-    );
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
 #[test]

@@ -31,3 +31,15 @@ use burn_models::{Precision, RunContext};
 fn cx(p: &Precision) -> RunContext {
     RunContext::new(*p)
 }
+
+/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude; both must
+/// be finite (a NaN would slip through `max`).
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    assert!(
+        a.iter().chain(b).all(|v| v.is_finite()),
+        "a value not finite"
+    );
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}

@@ -53,7 +53,8 @@ pub fn load_text(path: &Path, seq_len: usize) -> Result<TokenSplits, DataError> 
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .map_err(read)?;
-    // The opened handle is what is checked and read (and `take` bounds one that grows): a swap after the open changes nothing.
+    // The opened handle is what is checked and read (and `take` bounds one that grows): a
+    // swap after the open changes nothing.
     let meta = file.metadata().map_err(read)?;
     if !meta.is_file() {
         return Err(read(std::io::Error::new(
