@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use burn::backend::Flex;
 use trainer::data::text::{
     corpus_splits, eval_starts, generate_corpus, load_text, train_starts, windows, TokenSplits,
+    MAX_TEXT_BYTES,
 };
 
 fn temp(name: &str) -> PathBuf {
@@ -37,6 +38,14 @@ fn bad_text_files_are_one_line_naming_the_file() {
     std::fs::write(&latin1, b"caf\xe9 au lait, twice as long as a window").unwrap();
     let short = dir.join("short.txt");
     std::fs::write(&short, "too short").unwrap();
+    let empty = dir.join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    // Sparse: one byte over the bound costs no disk, and is refused before a byte is read.
+    let huge = dir.join("huge.txt");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(MAX_TEXT_BYTES + 1)
+        .unwrap();
     let missing = dir.join("missing.txt");
     let fifo = dir.join("fifo");
     assert!(std::process::Command::new("mkfifo")
@@ -57,6 +66,20 @@ fn bad_text_files_are_one_line_naming_the_file() {
             format!(
                 "{}: too short: at least 85 bytes give train and eval one window of seq_len + 1 tokens each",
                 short.display()
+            ),
+        ),
+        (
+            error(&empty, 8),
+            format!(
+                "{}: too short: at least 85 bytes give train and eval one window of seq_len + 1 tokens each",
+                empty.display()
+            ),
+        ),
+        (
+            error(&huge, 8),
+            format!(
+                "{}: more than 1073741824 bytes (the most a text file may hold)",
+                huge.display()
             ),
         ),
         (
