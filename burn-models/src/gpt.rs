@@ -22,7 +22,7 @@ use burn::prelude::*;
 use burn::tensor::activation::gelu_approximate;
 use burn::tensor::TensorPrimitive;
 
-use oomlab_engine::{attention, cast, ModelBackend, RunContext};
+use oomlab_engine::{attention, cast, Layer, ModelBackend, Plan, RunContext};
 
 use crate::layers::linear;
 
@@ -137,6 +137,87 @@ impl GptConfig {
         let block =
             2 * layer_norm + linear(d, 3 * d) + linear(d, d) + linear(d, 4 * d) + linear(4 * d, d);
         (self.vocab_size as u64 + self.seq_len as u64) * d + l * block + layer_norm
+    }
+
+    /// The forward pass as the memory estimate reads it: one sample is one sequence of
+    /// `seq_len` tokens. Each block's ops are counted in lines shared by all blocks.
+    pub fn plan(&self) -> Plan {
+        let (t, d, v) = (
+            self.seq_len as u64,
+            self.d_model as u64,
+            self.vocab_size as u64,
+        );
+        let linear = |i: u64, o: u64| Layer::Linear {
+            input: t * i,
+            output: t * o,
+            weight: i * o,
+            bias: o,
+        };
+        let layer_norm = Layer::LayerNorm { rows: t, width: d };
+        let mut plan = Plan::default();
+        let embeddings = "embeddings (keep the token ids)";
+        plan.push(
+            embeddings,
+            Layer::Embedding {
+                tokens: t,
+                width: d,
+                rows: v,
+            },
+        );
+        plan.push(
+            embeddings,
+            Layer::Embedding {
+                tokens: 0,
+                width: d,
+                rows: t,
+            },
+        );
+        plan.push(embeddings, Layer::Residual { elements: t * d });
+        let norms = "LayerNorms (3 tensors each, in the normalisation dtype)";
+        let inputs = "linear layers (keep their inputs)";
+        let attention = match self.attention {
+            Attention::Naive => "attention, naive (q, k, v and the seq × seq probabilities)",
+            Attention::MemoryEfficient => {
+                "attention, memory-efficient (q, k, v, the output, a log-sum-exp per row)"
+            }
+        };
+        let gelu = "GELU, tanh approximation (3 tensors of 4·d per token)";
+        let residual = "residual adds (keep nothing)";
+        for _ in 0..self.n_layer {
+            plan.push(norms, layer_norm.clone());
+            plan.push(inputs, linear(d, 3 * d));
+            plan.push(
+                attention,
+                Layer::Attention {
+                    seq: t,
+                    width: d,
+                    heads: self.n_head as u64,
+                    memory_efficient: self.attention == Attention::MemoryEfficient,
+                },
+            );
+            plan.push(inputs, linear(d, d));
+            plan.push(residual, Layer::Residual { elements: t * d });
+            plan.push(norms, layer_norm.clone());
+            plan.push(inputs, linear(d, 4 * d));
+            plan.push(
+                gelu,
+                Layer::Gelu {
+                    elements: t * 4 * d,
+                },
+            );
+            plan.push(inputs, linear(4 * d, d));
+            plan.push(residual, Layer::Residual { elements: t * d });
+        }
+        plan.push(norms, layer_norm);
+        plan.push(
+            "head, tied to the token embedding (keeps its input)",
+            Layer::TiedHead {
+                input: t * d,
+                output: t * v,
+                weight: v * d,
+            },
+        );
+        plan
     }
 
     /// The model on `device`, weights drawn as GPT-2 draws them.

@@ -30,6 +30,7 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Bool, DType, Int, Tensor};
 
 use crate::cast::{cast, float, prim};
+use crate::footprint::{Footprint, Sizes};
 use crate::kernels::Kernels;
 
 /// Keys per block of the memory-efficient op: each of its score buffers holds `batch × heads ×
@@ -214,5 +215,51 @@ pub(crate) fn memory_efficient_autodiff<B: Kernels, C: CheckpointStrategy>(
             k.primitive,
             v.primitive,
         )),
+    }
+}
+
+/// What attention over `seq` tokens of `width` in `heads` heads keeps per sample (see the
+/// module's text), naive or memory-efficient, and what its backward has alive.
+///
+/// The heads' `q`, `k` and `v` are views of the block's fused projection, so whatever keeps one
+/// keeps all three (`3 · seq · width` values). Naive keeps besides them the scaled queries and,
+/// per score, three f32 values (the masked scores, which Burn's `exp` keeps as its input; the
+/// exponentials; the probabilities, cast to the compute dtype when that is a half type) and
+/// each row's sum. Its backward holds the probabilities' gradient in the compute dtype and two
+/// f32 score-sized gradients. Memory-efficient keeps the projection, the output and the f32
+/// log-sum-exp; its backward holds the f32 `dq` accumulator, the scaled queries, the blocks of
+/// `dk` and `dv` and their joined copies, the cast `dq`, the output's gradient and about five
+/// buffers of one key block's scores.
+pub(crate) fn footprint(
+    s: &Sizes,
+    seq: u64,
+    width: u64,
+    heads: u64,
+    memory_efficient: bool,
+) -> Footprint {
+    let tokens = seq * width;
+    let scores = heads * seq * seq;
+    let (saved, saved_values, backward) = match memory_efficient {
+        false => (
+            s.acts(4 * tokens + scores) + s.f32s(2 * scores + heads * seq),
+            4 * tokens + 3 * scores + heads * seq,
+            s.acts(scores + 3 * tokens) + s.f32s(2 * scores),
+        ),
+        true => {
+            let block = heads * seq * (KEY_BLOCK as u64).min(seq);
+            (
+                s.acts(4 * tokens) + s.f32s(heads * seq),
+                4 * tokens + heads * seq,
+                s.acts(7 * tokens) + s.f32s(tokens + 5 * block),
+            )
+        }
+    };
+    Footprint {
+        saved,
+        saved_values: s.batch * saved_values,
+        recomputable: 0,
+        backward,
+        weight_grad: 0,
+        output_grad: s.acts(tokens),
     }
 }

@@ -86,3 +86,61 @@ pub(crate) fn add(s: &Sizes, elements: u64) -> Footprint {
         output_grad: s.acts(elements),
     }
 }
+
+/// An embedding lookup: keeps the ids (the backend's int) and the table (a parameter, no
+/// extra bytes); its backward makes a dense gradient of the whole table (counted with the
+/// gradients) from its output's gradient. Ids shared by the batch (`tokens` 0) count nothing.
+pub(crate) fn embedding(s: &Sizes, tokens: u64, width: u64) -> Footprint {
+    let saved = s.batch * tokens * s.index;
+    let out = if tokens == 0 { 0 } else { width * tokens };
+    Footprint {
+        saved,
+        saved_values: s.batch * tokens,
+        recomputable: 0,
+        backward: s.norms(out),
+        weight_grad: 0,
+        output_grad: s.norms(out),
+    }
+}
+
+/// LayerNorm as the models compose it in the normalisation dtype: the variance's square keeps
+/// the centred input, the division keeps a second centred copy and the row's deviation, and
+/// the scale keeps the normalised values: three `rows × width` tensors and a value per row.
+/// Its backward has about three of them alive: the output's gradient and two partial sums.
+pub(crate) fn layer_norm(s: &Sizes, rows: u64, width: u64) -> Footprint {
+    let values = 3 * rows * width + rows;
+    Footprint {
+        saved: s.norms(values),
+        saved_values: s.batch * values,
+        recomputable: 0,
+        backward: s.norms(3 * rows * width),
+        weight_grad: 0,
+        output_grad: s.norms(rows * width),
+    }
+}
+
+/// GELU with the tanh approximation, composed: the cube keeps the input, `tanh` keeps its
+/// output and the product keeps `1 + tanh`: three tensors of the input's size. Its backward
+/// has the output's and the input's gradients and a partial product alive.
+pub(crate) fn gelu(s: &Sizes, elements: u64) -> Footprint {
+    Footprint {
+        saved: s.acts(3 * elements),
+        saved_values: s.batch * 3 * elements,
+        recomputable: 0,
+        backward: s.acts(3 * elements),
+        weight_grad: 0,
+        output_grad: s.acts(elements),
+    }
+}
+
+/// An add on the residual stream: [`add`] in the normalisation dtype.
+pub(crate) fn residual(s: &Sizes, elements: u64) -> Footprint {
+    Footprint {
+        saved: 0,
+        saved_values: 0,
+        recomputable: 0,
+        backward: s.norms(2 * elements),
+        weight_grad: 0,
+        output_grad: s.norms(elements),
+    }
+}

@@ -7,7 +7,9 @@
 //! burn-autodiff 0.21. The estimator walks a plan and adds these up; it knows no model.
 
 use crate::kernels::Kernels;
-use crate::{batch_norm, composed, conv_bn_relu, conv_relu_pool, max_pool, sliced_linear};
+use crate::{
+    attention, batch_norm, composed, conv_bn_relu, conv_relu_pool, max_pool, sliced_linear,
+};
 
 /// Which kernels run an op, where they hold different bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +38,9 @@ pub struct Sizes {
     pub batch: u64,
     /// Bytes per activation element (the compute dtype).
     pub compute: u64,
+    /// Bytes per element of the normalisation dtype (a transformer's residual stream and
+    /// LayerNorms: f32 under mixed precision).
+    pub norm: u64,
     /// Bytes per max-pool index (the backend's int: i64 on Flex, i32 on CubeCL).
     pub index: u64,
     /// Which kernels run the ops.
@@ -48,6 +53,16 @@ impl Sizes {
     /// Bytes of `elements` activation values per image, for the whole batch.
     pub fn acts(&self, elements: u64) -> u64 {
         self.batch * elements * self.compute
+    }
+
+    /// Bytes of `elements` normalisation-dtype values per sample, for the whole batch.
+    pub fn norms(&self, elements: u64) -> u64 {
+        self.batch * elements * self.norm
+    }
+
+    /// Bytes of `elements` f32 values per sample, for the whole batch.
+    pub fn f32s(&self, elements: u64) -> u64 {
+        self.batch * elements * 4
     }
 
     /// Bytes of the f32 copies the CPU's bf16 path makes of `elements` values per image
@@ -161,6 +176,32 @@ pub enum Layer {
     },
     /// Burn's element-wise add of two `elements`-value tensors (a residual connection).
     Add { elements: u64 },
+    /// Burn's embedding: `rows` vectors of `width` (trainable), looked up by `tokens` ids per
+    /// sample (0: ids shared by the whole batch, as positions are).
+    Embedding { tokens: u64, width: u64, rows: u64 },
+    /// A LayerNorm composed from Burn's ops in the normalisation dtype, over `rows` vectors of
+    /// `width` per sample, with a trainable scale and shift.
+    LayerNorm { rows: u64, width: u64 },
+    /// Causal multi-head [attention](crate::attention) over `seq` tokens of `width` (the three
+    /// heads' inputs and the output), `heads` heads; naive or memory-efficient.
+    Attention {
+        seq: u64,
+        width: u64,
+        heads: u64,
+        memory_efficient: bool,
+    },
+    /// Burn's GELU with the tanh approximation (composed) over `elements` values per sample.
+    Gelu { elements: u64 },
+    /// An add on a transformer's residual stream, in the normalisation dtype.
+    Residual { elements: u64 },
+    /// A language model's head tied to its token embedding: `input` → `output` values per
+    /// sample through the embedding's `weight` elements (counted as the embedding's), cast to
+    /// the compute dtype.
+    TiedHead {
+        input: u64,
+        output: u64,
+        weight: u64,
+    },
 }
 
 impl Layer {
@@ -233,9 +274,23 @@ impl Plan {
         });
     }
 
-    /// Trainable conv and linear elements (weights and biases).
+    /// Trainable elements other than batch norm's: conv, linear, embedding and LayerNorm.
     pub fn weights(&self) -> u64 {
         self.layers.iter().map(|p| p.layer.weights()).sum()
+    }
+
+    /// Parameter elements the composed layers cast to the compute dtype, and autodiff keeps
+    /// as a half copy under mixed precision: conv and linear weights and biases, a tied head.
+    pub fn cast_weights(&self) -> u64 {
+        let cast = |l: &Layer| match *l {
+            Layer::Conv { weight, bias, .. }
+            | Layer::Linear { weight, bias, .. }
+            | Layer::ConvReluPool { weight, bias, .. }
+            | Layer::SlicedLinear { weight, bias, .. } => weight + bias,
+            Layer::ConvBnRelu { weight, .. } | Layer::TiedHead { weight, .. } => weight,
+            _ => 0,
+        };
+        self.layers.iter().map(|p| cast(&p.layer)).sum()
     }
 
     /// Trainable batch-norm elements (γ and β); the running statistics are as many.
@@ -252,6 +307,7 @@ impl Plan {
             | Layer::ConvBnRelu { weight, .. }
             | Layer::ConvReluPool { weight, .. }
             | Layer::SlicedLinear { weight, .. } => weight,
+            Layer::Embedding { width, rows, .. } => width * rows,
             _ => 0,
         };
         self.layers
@@ -278,7 +334,7 @@ impl Plan {
 }
 
 impl Layer {
-    /// Trainable conv and linear elements.
+    /// Trainable elements other than batch norm's.
     fn weights(&self) -> u64 {
         match *self {
             Layer::Conv { weight, bias, .. }
@@ -286,6 +342,8 @@ impl Layer {
             | Layer::ConvReluPool { weight, bias, .. }
             | Layer::SlicedLinear { weight, bias, .. } => weight + bias,
             Layer::ConvBnRelu { weight, .. } => weight,
+            Layer::Embedding { width, rows, .. } => width * rows,
+            Layer::LayerNorm { width, .. } => 2 * width,
             _ => 0,
         }
     }
@@ -345,6 +403,17 @@ impl Layer {
                 ..
             } => sliced_linear::footprint(s, input, output, weight, shared_input),
             Layer::Add { elements } => composed::add(s, elements),
+            Layer::Embedding { tokens, width, .. } => composed::embedding(s, tokens, width),
+            Layer::LayerNorm { rows, width } => composed::layer_norm(s, rows, width),
+            Layer::Attention {
+                seq,
+                width,
+                heads,
+                memory_efficient,
+            } => attention::footprint(s, seq, width, heads, memory_efficient),
+            Layer::Gelu { elements } => composed::gelu(s, elements),
+            Layer::Residual { elements } => composed::residual(s, elements),
+            Layer::TiedHead { input, output, .. } => composed::linear(s, input, output),
         }
     }
 }

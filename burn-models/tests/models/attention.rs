@@ -12,7 +12,7 @@ use burn::tensor::{DType, Distribution, Tensor, TensorData, TensorPrimitive};
 use burn_models::ModelBackend;
 use oomlab_engine::attention::{naive, KEY_BLOCK};
 
-use crate::rel_err;
+use crate::{counting, rel_err};
 
 /// Two full key blocks and a partial one.
 const SHAPE: [usize; 4] = [2, 3, 2 * KEY_BLOCK + 22, 16];
@@ -169,52 +169,6 @@ fn later_keys_do_not_change_earlier_outputs() {
     }
 }
 
-/// Bytes each thread has allocated and not freed (a free counts against the thread that
-/// frees). The kept-memory test runs its ops on one thread of its own, so its count is theirs.
-mod counting {
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::cell::Cell;
-
-    thread_local! {
-        static LIVE: Cell<i64> = const { Cell::new(0) };
-    }
-
-    pub struct Counting;
-
-    fn add(bytes: i64) {
-        // `try_with`: a thread's allocations after its locals are gone go uncounted.
-        let _ = LIVE.try_with(|l| l.set(l.get() + bytes));
-    }
-
-    // SAFETY: every call forwards to `System` unchanged; only a thread-local counter is added.
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            add(layout.size() as i64);
-            unsafe { System.alloc(layout) }
-        }
-        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-            add(layout.size() as i64);
-            unsafe { System.alloc_zeroed(layout) }
-        }
-        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            add(-(layout.size() as i64));
-            unsafe { System.dealloc(ptr, layout) }
-        }
-        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-            add(new_size as i64 - layout.size() as i64);
-            unsafe { System.realloc(ptr, layout, new_size) }
-        }
-    }
-
-    /// This thread's live bytes.
-    pub fn live() -> i64 {
-        LIVE.with(|l| l.get())
-    }
-}
-
-#[global_allocator]
-static COUNTING: counting::Counting = counting::Counting;
-
 /// An attention on the CPU under autodiff.
 type Attend = fn(
     Tensor<Autodiff<Flex>, 4>,
@@ -224,22 +178,13 @@ type Attend = fn(
 
 /// Bytes the graph keeps after `attention`'s forward at `seq` positions (2 × 4 heads × 32).
 fn kept(seq: usize, attention: Attend) -> i64 {
-    // One thread: every allocation of the ops lands on the thread that counts it.
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
-    pool.install(|| {
+    counting::on_one_thread(|| {
         let device = Default::default();
         let t = || {
             Tensor::<Autodiff<Flex>, 4>::random([2, 4, seq, 32], Distribution::Default, &device)
                 .require_grad()
         };
         let (q, k, v) = (t(), t(), t());
-        // The thread's first matmul makes gemm's packing slab (one L2 cache's bytes), which the
-        // thread keeps for its life: made before counting.
-        let square = || Tensor::<Flex, 2>::ones([512, 512], &device);
-        drop(square().matmul(square()));
         let before = counting::live();
         let out = attention(q.clone(), k.clone(), v.clone());
         let kept = counting::live() - before;

@@ -244,3 +244,93 @@ fn a_tiny_gpt_learns_a_pattern_only_attention_predicts() {
         );
     }
 }
+
+/// Bytes the graph keeps after a forward of `config` on a batch of 4, counted by the
+/// allocator (the logits dropped: what is left is what backward will read).
+fn kept_by_forward(config: GptConfig, precision: Precision) -> i64 {
+    crate::counting::on_one_thread(|| {
+        let device = Default::default();
+        let model = config.init::<B>(&device).unwrap();
+        let rows = some_tokens(4, config.seq_len, config.vocab_size);
+        let cx = cx(&precision);
+        // Parameters draw their values at first use: a first forward draws them all.
+        drop(model.forward(tokens::<B>(&rows, &device), &cx));
+        let before = crate::counting::live();
+        let logits = model.forward(tokens::<B>(&rows, &device), &cx);
+        let kept = crate::counting::live() - before;
+        kept - (logits.dims().iter().product::<usize>() * logits.dtype().size()) as i64
+    })
+}
+
+/// What the plan says one block keeps at a batch of 4 on the CPU: its ops' saved tensors and,
+/// under mixed precision, the half copies of its weights (the estimate's model state).
+fn planned_per_block(config: GptConfig, precision: Precision) -> i64 {
+    use oomlab_engine::{Family, Sizes};
+    let sizes = Sizes {
+        batch: 4,
+        compute: precision.compute.size() as u64,
+        norm: precision.batch_norm.size() as u64,
+        index: 8,
+        family: Family::Cpu,
+        bf16: false,
+    };
+    let one = GptConfig {
+        n_layer: 1,
+        ..config
+    };
+    let two = GptConfig {
+        n_layer: 2,
+        ..config
+    };
+    let half_copies = precision.compute != DType::F32;
+    let saved = |c: GptConfig| -> i64 {
+        let plan = c.plan();
+        let copies = if half_copies {
+            2 * plan.cast_weights()
+        } else {
+            0
+        };
+        let saved: u64 = plan.footprints(&sizes).iter().map(|f| f.saved).sum();
+        (saved + copies) as i64
+    };
+    saved(two) - saved(one)
+}
+
+#[test]
+fn each_block_keeps_what_the_plan_says() {
+    let base = GptConfig {
+        n_layer: 1,
+        n_head: 4,
+        d_model: 64,
+        seq_len: 128,
+        vocab_size: 256,
+        attention: Attention::Naive,
+    };
+    for attention in [Attention::Naive, Attention::MemoryEfficient] {
+        for precision in [Precision::F32, Precision::mixed(DType::F16, true)] {
+            let config = GptConfig { attention, ..base };
+            let one = kept_by_forward(
+                GptConfig {
+                    n_layer: 1,
+                    ..config
+                },
+                precision,
+            );
+            let two = kept_by_forward(
+                GptConfig {
+                    n_layer: 2,
+                    ..config
+                },
+                precision,
+            );
+            let measured = two - one;
+            let planned = planned_per_block(config, precision);
+            println!("{attention:?} {precision:?}: measured {measured}, planned {planned}");
+            let err = (planned - measured) as f64 / measured as f64;
+            assert!(
+                err.abs() < 0.03,
+                "{attention:?}, {precision:?}: a block keeps {measured} bytes, the plan says {planned}"
+            );
+        }
+    }
+}

@@ -43,3 +43,67 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
+
+/// Bytes each thread has allocated and not freed (a free counts against the thread that
+/// frees). The kept-memory tests run their ops on one thread of their own, so its count is
+/// theirs.
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        static LIVE: Cell<i64> = const { Cell::new(0) };
+    }
+
+    pub struct Counting;
+
+    fn add(bytes: i64) {
+        // `try_with`: a thread's allocations after its locals are gone go uncounted.
+        let _ = LIVE.try_with(|l| l.set(l.get() + bytes));
+    }
+
+    // SAFETY: every call forwards to `System` unchanged; only a thread-local counter is added.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            add(layout.size() as i64);
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            add(layout.size() as i64);
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            add(-(layout.size() as i64));
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            add(new_size as i64 - layout.size() as i64);
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    /// This thread's live bytes.
+    pub fn live() -> i64 {
+        LIVE.with(|l| l.get())
+    }
+
+    /// `f`'s result, run on a one-thread pool of its own (so every allocation of its ops is
+    /// counted on that thread) after the thread's first matmul has made gemm's packing slab
+    /// (one L2 cache's bytes, kept for the thread's life).
+    pub fn on_one_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+        use burn::backend::Flex;
+        use burn::tensor::Tensor;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let square = || Tensor::<Flex, 2>::ones([512, 512], &Default::default());
+            drop(square().matmul(square()));
+            f()
+        })
+    }
+}
+
+#[global_allocator]
+static COUNTING: counting::Counting = counting::Counting;
