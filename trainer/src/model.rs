@@ -5,22 +5,25 @@ use std::sync::Mutex;
 use burn::module::{ModuleMapper, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::DType;
-use burn_models::{MobileNet, MobileNetError, ResNet, ResNetError, SimpleModel};
+use burn_models::{Gpt, GptError, MobileNet, MobileNetError, ResNet, ResNetError, SimpleModel};
 use oomlab_engine::{cast, ModelBackend, RunContext};
 
 use crate::config::ModelSpec;
+use crate::data::Batch;
 
-/// Either model; `forward` dispatches to it.
+/// The model a config names; `predict` dispatches to it.
 // One model is held per run; boxing a variant would hide it from the Module derive.
 #[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
-pub enum Classifier<B: Backend> {
+pub enum Network<B: Backend> {
     /// The seed article's SimpleModel.
     Simple(SimpleModel<B>),
     /// MobileNetV1.
     MobileNet(MobileNet<B>),
     /// ResNet.
     ResNet(ResNet<B>),
+    /// A GPT-2-style language model.
+    Gpt(Gpt<B>),
 }
 
 /// A model config `init` refuses (the config layer checks the same bounds first).
@@ -32,9 +35,12 @@ pub enum ModelError {
     /// A ResNet config out of bounds.
     #[error(transparent)]
     ResNet(#[from] ResNetError),
+    /// A GPT config out of bounds.
+    #[error(transparent)]
+    Gpt(#[from] GptError),
 }
 
-impl<B: Backend> Classifier<B> {
+impl<B: Backend> Network<B> {
     /// Builds the model `spec` names on `device`, every weight drawn from `seed` now. Burn's
     /// random state is the backend's, one per process, and its parameters draw at first use:
     /// another run in this process seeding or drawing between this seed and this model's first
@@ -48,6 +54,7 @@ impl<B: Backend> Classifier<B> {
             ModelSpec::Simple(c) => Self::Simple(c.init(device)),
             ModelSpec::MobileNet(c) => Self::MobileNet(c.init(device)?),
             ModelSpec::ResNet(c) => Self::ResNet(c.init(device)?),
+            ModelSpec::Gpt(c) => Self::Gpt(c.init(device)?),
         };
         model.visit(&mut Draw);
         Ok(model)
@@ -55,7 +62,8 @@ impl<B: Backend> Classifier<B> {
 
     /// Whether the network has batch norms (so whether their dtype matters).
     pub fn has_batch_norm(&self) -> bool {
-        matches!(self, Self::MobileNet(_) | Self::ResNet(_))
+        // A GPT's LayerNorms run in the same normalisation dtype.
+        matches!(self, Self::MobileNet(_) | Self::ResNet(_) | Self::Gpt(_))
     }
 
     /// Trainable parameters (batch-norm running statistics excluded).
@@ -64,26 +72,47 @@ impl<B: Backend> Classifier<B> {
             Self::Simple(m) => m.trainable_params(),
             Self::MobileNet(m) => m.trainable_params(),
             Self::ResNet(m) => m.trainable_params(),
+            Self::Gpt(m) => m.trainable_params(),
         }
+    }
+
+    /// Whether it predicts tokens (so evaluation reports perplexity).
+    pub fn is_language_model(&self) -> bool {
+        matches!(self, Self::Gpt(_))
     }
 }
 
-impl<B: ModelBackend> Classifier<B> {
-    /// The feature maps before the classifier head, in the policy's compute dtype.
-    pub fn features(&self, images: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 4> {
+impl<B: ModelBackend> Network<B> {
+    /// A CNN's feature maps before the classifier head, in the policy's compute dtype
+    /// (`None` for a language model).
+    pub fn features(&self, images: Tensor<B, 4>, cx: &RunContext) -> Option<Tensor<B, 4>> {
         match self {
-            Self::Simple(m) => m.features(images, cx),
-            Self::MobileNet(m) => m.features(images, cx),
-            Self::ResNet(m) => m.features(images, cx),
+            Self::Simple(m) => Some(m.features(images, cx)),
+            Self::MobileNet(m) => Some(m.features(images, cx)),
+            Self::ResNet(m) => Some(m.features(images, cx)),
+            Self::Gpt(_) => None,
         }
     }
 
-    /// Logits, `[batch, classes]`, in the policy's output dtype.
-    pub fn forward(&self, images: Tensor<B, 4>, cx: &RunContext) -> Tensor<B, 2> {
-        match self {
-            Self::Simple(m) => m.forward(images, cx),
-            Self::MobileNet(m) => m.forward(images, cx),
-            Self::ResNet(m) => m.forward(images, cx),
+    /// Every prediction of `batch` with its target: `([predictions, classes], [predictions])`,
+    /// the logits in the policy's output dtype. A CNN predicts an image's class; a language
+    /// model predicts each next token, so a batch of `n` windows of `seq` tokens makes `n ·
+    /// seq` predictions. A batch the model cannot read (images for a language model) is a
+    /// bug of the caller, which the config check rules out.
+    pub fn predict(&self, batch: Batch<B>, cx: &RunContext) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+        match (self, batch) {
+            (Self::Gpt(m), Batch::Tokens { inputs, targets }) => {
+                let [n, seq] = inputs.dims();
+                let logits = m.forward(inputs, cx);
+                let vocab = logits.dims()[2];
+                (logits.reshape([n * seq, vocab]), targets.reshape([n * seq]))
+            }
+            (Self::Simple(m), Batch::Images { images, labels }) => (m.forward(images, cx), labels),
+            (Self::MobileNet(m), Batch::Images { images, labels }) => {
+                (m.forward(images, cx), labels)
+            }
+            (Self::ResNet(m), Batch::Images { images, labels }) => (m.forward(images, cx), labels),
+            _ => panic!("a batch of the wrong kind for this model (the config check allows none)"),
         }
     }
 }

@@ -287,7 +287,7 @@ pub fn run(args: FindArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<(
         .sets(sets.iter().cloned())
         .backend(selected.kind());
     // A window never holds more than the train split: a larger trial would measure the split.
-    let split = settings.data.train_images();
+    let split = settings.data.train_samples();
     if args.max_batch > split {
         eprintln!(
             "note: the train split has {split} images, so micro-batches above {split} are not \

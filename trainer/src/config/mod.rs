@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 pub use backend::{Autotune, AutotuneCache, BackendKind};
 pub use data::DataSource;
-pub use data::{DataSpec, CIFAR10_IMAGES, NUM_CLASSES};
+pub use data::{DataSpec, TextSource, CIFAR10_IMAGES, NUM_CLASSES};
 pub use memory::{parse_size, Checkpointing, FreeCache, Fuse, MemorySpec, SIZE_HELP};
 pub use mistakes::Mistakes;
 pub use model::ModelName;
@@ -91,8 +91,8 @@ pub struct Settings {
     /// The config after overrides, as TOML: stored in checkpoints and summaries.
     pub toml: String,
     pub model: ModelSpec,
+    /// A CNN's input size (a GPT's: 0, it reads no images).
     pub input_size: usize,
-    pub num_classes: usize,
     pub data: DataSpec,
     pub train: TrainSpec,
     pub precision: PrecisionSpec,
@@ -289,15 +289,43 @@ pub fn out_of_range(key: &'static str, value: impl ToString, allowed: &str) -> C
 fn validate(path: &Path, raw: RawConfig, purpose: Purpose) -> Result<Settings, ConfigError> {
     let toml = toml::to_string(&raw).unwrap_or_default();
     let memory = memory::validate(&raw.memory)?;
-    let model = model::validate(&raw.model)?.fused(memory.fuse == Fuse::Blocks);
-    let data = data::validate(&raw.data, raw.model.input_size)?;
-    if purpose == Purpose::Train && raw.model.num_classes != NUM_CLASSES {
-        return Err(out_of_range(
-            "model.num_classes",
-            raw.model.num_classes,
-            "the data sets have 10 classes: must be 10",
-        ));
+    let model = model::validate(&raw.model)?;
+    let input_size = match &model {
+        ModelSpec::Gpt(_) => 0,
+        _ => raw.model.input_size.unwrap_or(model::DEFAULT_INPUT_SIZE),
+    };
+    let consumer = match &model {
+        ModelSpec::Gpt(c) => data::Consumer::Tokens(c.seq_len),
+        _ => data::Consumer::Images(input_size),
+    };
+    let data = data::validate(&raw.data, consumer)?;
+    match &model {
+        ModelSpec::Gpt(c) => {
+            if c.vocab_size < crate::data::text::VOCAB {
+                return Err(out_of_range(
+                    "model.vocab_size",
+                    c.vocab_size,
+                    "must be at least 256: text is read as byte-level tokens",
+                ));
+            }
+            if memory.fuse == Fuse::Blocks {
+                return Err(out_of_range(
+                    "memory.fuse",
+                    "\"blocks\"",
+                    "fuses a CNN's conv blocks: model.name = \"gpt\" has none",
+                ));
+            }
+        }
+        _ if purpose == Purpose::Train && model.classes() != NUM_CLASSES => {
+            return Err(out_of_range(
+                "model.num_classes",
+                model.classes(),
+                "the data sets have 10 classes: must be 10",
+            ));
+        }
+        _ => {}
     }
+    let model = model.fused(memory.fuse == Fuse::Blocks);
     let train = train::validate(&raw.train, path)?;
     let precision = precision::validate(&raw.precision)?;
 
@@ -305,8 +333,7 @@ fn validate(path: &Path, raw: RawConfig, purpose: Purpose) -> Result<Settings, C
         path: path.to_owned(),
         toml,
         model,
-        input_size: raw.model.input_size,
-        num_classes: raw.model.num_classes,
+        input_size,
         data,
         train,
         precision,

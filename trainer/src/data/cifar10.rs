@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::{DataError, ImageSet, Splits};
+use super::{DataError, ImageSet};
 
 const RECORD: usize = 1 + 3072;
 const TRAIN_FILES: [&str; 5] = [
@@ -18,9 +18,9 @@ const TEST_FILE: &str = "test_batch.bin";
 /// The largest batch file read: CIFAR-10's hold 10,000 records (30.7 MB) each.
 const MAX_FILE_BYTES: u64 = 64 << 20;
 
-/// Reads the five train batches and the test batch from `dir`. A split with no record is an
-/// error naming its files: training on it would never advance.
-pub fn load_cifar10(dir: &Path) -> Result<Splits, DataError> {
+/// Reads the five train batches and the test batch from `dir`: `(train, eval)`. A split with
+/// no record is an error naming its files: training on it would never advance.
+pub fn load_cifar10(dir: &Path) -> Result<(ImageSet, ImageSet), DataError> {
     let mut train = empty();
     for name in TRAIN_FILES {
         read_into(&dir.join(name), &mut train)?;
@@ -37,7 +37,7 @@ pub fn load_cifar10(dir: &Path) -> Result<Splits, DataError> {
             paths: vec![dir.join(TEST_FILE)],
         });
     }
-    Ok(Splits { train, eval })
+    Ok((train, eval))
 }
 
 fn empty() -> ImageSet {

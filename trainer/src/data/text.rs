@@ -134,31 +134,55 @@ pub fn windows<B: Backend>(
     (take(0), take(1))
 }
 
-/// `batch` window starts for training step `step`, uniform over `tokens` tokens (nanoGPT's
-/// sampling): the same for the same seed and step on every machine. `tokens` must hold a
-/// window (each split does).
-pub fn train_starts(
-    tokens: usize,
+/// A split's tokens read as windows back to back: window `i` starts at token `i · seq_len`
+/// (its last target is the next window's first input). Each epoch visits them in a new order.
+#[derive(Debug, Clone)]
+pub struct TokenSet {
+    tokens: Vec<u8>,
     seq_len: usize,
-    batch: usize,
-    seed: u64,
-    step: u64,
-) -> Vec<usize> {
-    let last = tokens
-        .checked_sub(seq_len + 1)
-        .expect("fewer tokens than one window");
-    let mut rng = SplitMix64::new(seed ^ step.wrapping_mul(0x9E37_79B9), 2);
-    (0..batch).map(|_| rng.below(last + 1)).collect()
+    windows: usize,
 }
 
-/// Evaluation's window starts: back to back from the split's beginning (each window's last
-/// target is the next one's first input), at most `max`.
-pub fn eval_starts(tokens: usize, seq_len: usize, max: usize) -> Vec<usize> {
-    assert!(seq_len > 0, "an empty window");
-    (0..tokens.saturating_sub(1) / seq_len)
-        .map(|i| i * seq_len)
-        .take(max)
-        .collect()
+impl TokenSet {
+    /// The windows of `tokens`, at most `max` of them (from the start).
+    pub fn new(tokens: Vec<u8>, seq_len: usize, max: usize) -> Self {
+        assert!(seq_len > 0, "an empty window");
+        let windows = (tokens.len().saturating_sub(1) / seq_len).min(max);
+        Self {
+            tokens,
+            seq_len,
+            windows,
+        }
+    }
+
+    /// Windows.
+    pub fn len(&self) -> usize {
+        self.windows
+    }
+
+    /// True when not one window fits.
+    pub fn is_empty(&self) -> bool {
+        self.windows == 0
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// `(inputs, targets)` of the windows at `indices`, each `[indices.len(), seq_len]`.
+    pub fn batch<B: Backend>(
+        &self,
+        indices: &[usize],
+        device: &B::Device,
+    ) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
+        assert!(
+            indices.iter().all(|&i| i < self.windows),
+            "a window past the split's end"
+        );
+        let starts: Vec<usize> = indices.iter().map(|&i| i * self.seq_len).collect();
+        windows(&self.tokens, &starts, self.seq_len, device)
+    }
 }
 
 const NAMES: [&str; 8] = [

@@ -262,7 +262,11 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
     let least_state = model_state.clone();
     if mode.half().is_some() && mode.master_weights() && !settings.model.is_fused() {
         // Composed, autodiff keeps each layer's input: the weight cast to half.
-        model_state.push(line("half copies of conv/linear weights", weights, 2));
+        model_state.push(line(
+            "half copies of conv/linear weights",
+            plan.cast_weights(),
+            2,
+        ));
     }
     // Max-pool argmax indices are the backend's int: i64 on Flex, i32 on CubeCL (CUDA, wgpu).
     let index = match target {
@@ -277,6 +281,7 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
             Target::CpuHeap => Family::Cpu,
             Target::Device => Family::CubeCl,
         },
+        norm: settings.precision.policy().batch_norm.size() as u64,
         bf16: mode == PrecisionMode::Bf16Mixed,
     };
     let ops = plan.footprints(&sizes);
@@ -285,23 +290,26 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         let dropped = if checkpointed { f.recomputable } else { 0 };
         let bytes = f.saved - dropped;
         let elements = f.saved_values - dropped / compute;
-        match activations.last_mut() {
-            Some(last) if last.what == p.group => {
+        // A transformer's blocks share their lines: a line gathers its group wherever it runs.
+        match activations.iter_mut().find(|l| l.what == p.group) {
+            Some(last) => {
                 last.bytes += bytes;
                 last.elements += elements;
             }
-            _ => activations.push(Line {
+            None => activations.push(Line {
                 what: p.group.clone(),
                 elements,
                 bytes,
             }),
         }
     }
-    // Logits cast to f32, log-softmax output: small, but there.
-    let classes = settings.num_classes as u64;
+    // The loss's log-softmax keeps its shifted logits in f32 (Burn's `exp` keeps its input;
+    // the shift reuses the logits' buffer): small for a classifier, a language model's largest
+    // single tensor at a large vocabulary.
+    let classes = (settings.model.classes() * settings.model.predictions_per_sample()) as u64;
     activations.push(line(
-        "logits and log-probabilities (f32)",
-        2 * b * classes,
+        "loss: log-softmax keeps the shifted logits (f32)",
+        b * classes,
         4,
     ));
     let bf16_f32 = target == Target::CpuHeap && mode == PrecisionMode::Bf16Mixed;

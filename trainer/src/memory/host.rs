@@ -28,10 +28,10 @@ pub struct NothingFits {
     pub limit: Option<u64>,
 }
 
-/// Bytes the data set of `settings` takes in host memory (u8 pixels and a label per image).
+/// Bytes the data set of `settings` takes in host memory (u8 pixels and a label per image, or
+/// a byte per token).
 pub fn data_bytes(settings: &Settings) -> u64 {
-    let per_image = 3 * (settings.input_size as u64).pow(2) + 1;
-    settings.data.images() as u64 * per_image
+    settings.data.host_bytes(settings.input_size)
 }
 
 /// The machine's memory (`MemTotal`), where the system says.

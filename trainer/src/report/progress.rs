@@ -10,11 +10,15 @@ use crate::training::step::Outcome;
 /// A bar over the run's optimizer steps.
 pub struct Progress {
     bar: ProgressBar,
+    /// Tokens per sample, for a language model.
+    tokens: Option<usize>,
 }
 
 impl Progress {
     /// A bar of `total` steps, `done` of them already taken (when resuming).
-    pub fn new(total: usize, done: usize) -> Self {
+    /// A bar for `total` steps, `done` of them already; a sample is `tokens` tokens for a
+    /// language model (the rate is then shown in tokens/s).
+    pub fn new(total: usize, done: usize, tokens: Option<usize>) -> Self {
         let bar = ProgressBar::new(total as u64);
         bar.set_style(
             ProgressStyle::with_template(
@@ -24,7 +28,7 @@ impl Progress {
             .progress_chars("=> "),
         );
         bar.set_position(done as u64);
-        Self { bar }
+        Self { bar, tokens }
     }
 
     /// One window done: the bar advances only when it was an optimizer step.
@@ -36,7 +40,10 @@ impl Progress {
         scale: ScaleNow,
         skipped: usize,
     ) {
-        let mut msg = format!("loss {loss:.4} | {images_per_sec:.0} img/s");
+        let mut msg = match self.tokens {
+            Some(t) => format!("loss {loss:.4} | {:.0} tok/s", images_per_sec * t as f64),
+            None => format!("loss {loss:.4} | {images_per_sec:.0} img/s"),
+        };
         if scale.is_on() {
             msg.push_str(&format!(" | scale {scale} | skipped {skipped}"));
         }
@@ -54,11 +61,14 @@ impl Progress {
             true => "n/a (no step taken: every window was skipped)".into(),
             false => format!("{train_loss:.4}"),
         };
-        let line = format!(
+        let mut line = format!(
             "epoch {epoch}: train loss {train_loss} | eval loss {:.4} | eval accuracy {:.2}%",
             eval.loss,
             100.0 * eval.accuracy
         );
+        if let Some(p) = eval.perplexity {
+            line.push_str(&format!(" | perplexity {p:.3}"));
+        }
         if self.bar.is_hidden() {
             eprintln!("{line}");
         } else {

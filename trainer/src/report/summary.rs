@@ -13,7 +13,7 @@ use crate::config::{
 };
 use crate::memory::estimate::{estimate, Target};
 use crate::memory::{human, MemoryReport};
-use crate::model::Classifier;
+use crate::model::Network;
 use crate::training::loss_scale::ScaleNow;
 use crate::training::record::{Record, Warmup};
 use crate::training::step::Stepper;
@@ -48,6 +48,10 @@ pub struct Summary {
     /// Images per second after the warm-up.
     #[serde(deserialize_with = "nan_if_null")]
     pub images_per_sec: f64,
+    /// A language model's tokens per second after the warm-up (`images_per_sec` counts its
+    /// sequences).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_sec: Option<f64>,
     /// The first steps of the process: kernel compilation, autotune, pools growing.
     pub warmup: Warmup,
     #[serde(deserialize_with = "nan_if_null")]
@@ -56,6 +60,9 @@ pub struct Summary {
     pub eval_loss: f64,
     #[serde(deserialize_with = "nan_if_null")]
     pub eval_accuracy: f64,
+    /// A language model's eval perplexity, `exp(eval_loss)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_perplexity: Option<f64>,
     pub wall_seconds: f64,
     pub checkpoint: String,
     /// `memory.free_cache`: when cached device memory was released.
@@ -95,8 +102,8 @@ impl Summary {
     pub fn from_run<B: AutodiffBackend>(
         settings: &Settings,
         backend: &Selected,
-        model: &Classifier<B>,
-        stepper: &Stepper<Classifier<B>, B>,
+        model: &Network<B>,
+        stepper: &Stepper<Network<B>, B>,
         record: &Record,
         epochs: usize,
         memory: MemoryReport,
@@ -147,10 +154,15 @@ impl Summary {
             steps: stepper.step,
             epochs,
             images_per_sec: record.images_per_sec(),
+            tokens_per_sec: settings
+                .model
+                .tokens_per_sample()
+                .map(|t| record.images_per_sec() * t as f64),
             warmup: record.warmup(),
             final_train_loss: record.final_train_loss(),
             eval_loss: eval.map_or(f64::NAN, |e| e.loss),
             eval_accuracy: eval.map_or(f64::NAN, |e| e.accuracy),
+            eval_perplexity: eval.and_then(|e| e.perplexity),
             wall_seconds: record.wall_seconds(),
             checkpoint: crate::training::checkpoint::dir(&t.output_dir)
                 .display()
@@ -204,14 +216,28 @@ impl Summary {
             ),
             ("steps", self.steps.to_string()),
             ("epochs", self.epochs.to_string()),
-            ("images/s", format!("{:.0}", self.images_per_sec)),
-            ("warm-up", self.warmup.describe(&self.backend)),
+            match self.tokens_per_sec {
+                Some(t) => ("tokens/s", format!("{t:.0}")),
+                None => ("images/s", format!("{:.0}", self.images_per_sec)),
+            },
+            ("warm-up", {
+                let text = self.warmup.describe(&self.backend);
+                match self.tokens_per_sec {
+                    Some(_) => text.replace("images/s", "tokens/s"),
+                    None => text,
+                }
+            }),
             ("autotune", self.autotune.clone()),
             ("final train loss", format!("{:.4}", self.final_train_loss)),
             ("eval loss", format!("{:.4}", self.eval_loss)),
             (
                 "eval accuracy",
                 format!("{:.2}%", 100.0 * self.eval_accuracy),
+            ),
+            (
+                "eval perplexity",
+                self.eval_perplexity
+                    .map_or(String::new(), |p| format!("{p:.3}")),
             ),
             ("wall time", format!("{:.1} s", self.wall_seconds)),
             ("checkpoint", self.checkpoint.clone()),
@@ -263,7 +289,8 @@ impl Summary {
         ];
         let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         let mut out = String::from("summary\n");
-        for (key, value) in rows {
+        // A row with nothing to say for this run (perplexity for a CNN) is left out.
+        for (key, value) in rows.into_iter().filter(|(_, v)| !v.is_empty()) {
             out.push_str(&format!("  {key:<width$}  {value}\n"));
         }
         out

@@ -15,8 +15,9 @@ use burn::tensor::TensorPrimitive;
 use oomlab_engine::{ModelBackend, RunContext};
 use serde::{Deserialize, Serialize};
 
+use crate::data::Batch;
 use crate::memory::{MemoryProbe, Phase};
-use crate::model::Classifier;
+use crate::model::Network;
 use crate::training::mistakes::KeptLosses;
 
 /// Samples per optimizer step, and how they split into micro-batches.
@@ -74,19 +75,20 @@ pub struct WindowGrads {
 
 /// Runs forward and backward over `window` in micro-batches of `batch_size` and sums the
 /// gradients, each micro-batch's loss weighted by its share of the window and multiplied by
-/// `loss_scale`. `load` turns sample indices into a batch; `probe` is sampled after each
+/// `loss_scale`. `load` turns sample indices into a batch (images, or token windows whose every
+/// position is a prediction: the mean is over positions, the share over windows); `probe` is sampled after each
 /// forward and backward; `kept` keeps each loss tensor when the `keep_losses` mistake is on.
 // Each argument is one input of the seed's loop body; a struct around them would hide that.
 #[allow(clippy::too_many_arguments)]
 pub fn window_gradients<B>(
-    model: &Classifier<B>,
+    model: &Network<B>,
     window: &[usize],
     batch_size: usize,
     cx: &RunContext,
     loss_scale: f64,
     probe: &mut dyn MemoryProbe,
     kept: &mut KeptLosses<B>,
-    mut load: impl FnMut(&[usize]) -> (Tensor<B, 4>, Tensor<B, 1, Int>),
+    mut load: impl FnMut(&[usize]) -> Batch<B>,
 ) -> WindowGrads
 where
     B: AutodiffBackend + ModelBackend,
@@ -95,10 +97,9 @@ where
     let total = window.len() as f64;
     let mut loss_sum = 0.0;
     for micro in window.chunks(batch_size) {
-        let (images, labels) = load(micro);
-        let loss_fn = CrossEntropyLossConfig::new().init(&images.device());
-        let logits = model.forward(images, cx);
-        let loss = loss_fn.forward(logits, labels);
+        let (logits, targets) = model.predict(load(micro), cx);
+        let loss_fn = CrossEntropyLossConfig::new().init(&logits.device());
+        let loss = loss_fn.forward(logits, targets);
         probe.sample(Phase::AfterForward);
         let share = micro.len() as f64 / total;
         // The ops add their fresh gradients into the lent sums during backward.

@@ -5,42 +5,45 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
 use oomlab_engine::{ModelBackend, RunContext};
 
-use crate::data::{Batcher, ImageSet};
-use crate::model::Classifier;
+use crate::data::{Split, Splits};
+use crate::model::Network;
 use crate::training::mistakes::KeptLosses;
 
 /// Mean loss and accuracy over a split.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct EvalResult {
-    /// Mean cross-entropy.
+    /// Mean cross-entropy per prediction (per image, or per token).
     pub loss: f64,
     /// Fraction of correct predictions, in [0, 1].
     pub accuracy: f64,
+    /// A language model's perplexity, `exp(loss)`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub perplexity: Option<f64>,
 }
 
-/// Evaluates `model` on `set`: normally `valid()`, so batch norm uses its running statistics
+/// Evaluates `model` on the eval split of `splits`: normally `valid()`, so batch norm uses its running statistics
 /// and no graph is built. With `keep_losses` (the mistake), every batch's loss tensor is kept
 /// in a running sum until the end.
 pub fn evaluate<B: ModelBackend>(
-    model: &Classifier<B>,
-    set: &ImageSet,
-    batcher: &Batcher,
+    model: &Network<B>,
+    splits: &Splits,
     batch_size: usize,
     cx: &RunContext,
     device: &B::Device,
     keep_losses: bool,
 ) -> EvalResult {
     let loss_fn = CrossEntropyLossConfig::new().init(device);
-    let (mut loss_sum, mut correct) = (0.0, 0usize);
+    let (mut loss_sum, mut correct, mut predictions) = (0.0, 0usize, 0usize);
     let mut kept = KeptLosses::<B>::new(keep_losses);
-    let indices: Vec<usize> = (0..set.len()).collect();
+    let indices: Vec<usize> = (0..splits.len(Split::Eval)).collect();
     for chunk in indices.chunks(batch_size) {
-        let (images, labels) = batcher.batch::<B>(set, chunk, device);
-        let logits = model.forward(images, cx);
+        let (logits, labels) = model.predict(splits.batch::<B>(Split::Eval, chunk, device), cx);
+        let n = labels.dims()[0];
         let loss = loss_fn.forward(logits.clone(), labels.clone());
         kept.add(&loss);
         let loss: f64 = loss.into_scalar().elem();
-        loss_sum += loss * chunk.len() as f64;
+        loss_sum += loss * n as f64;
+        predictions += n;
         let hits: i64 = logits
             .argmax(1)
             .squeeze_dim::<1>(1)
@@ -51,9 +54,11 @@ pub fn evaluate<B: ModelBackend>(
             .elem();
         correct += hits as usize;
     }
-    let n = set.len().max(1) as f64;
+    let n = predictions.max(1) as f64;
+    let loss = loss_sum / n;
     EvalResult {
-        loss: loss_sum / n,
+        loss,
         accuracy: correct as f64 / n,
+        perplexity: model.is_language_model().then(|| loss.exp()),
     }
 }

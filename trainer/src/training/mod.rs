@@ -37,9 +37,9 @@ use oomlab_engine::{ModelBackend, RunContext};
 
 use crate::backend::Selected;
 use crate::config::{unsupported_dtype, PrecisionMode, Settings};
-use crate::data::{self, shuffled, Batcher};
+use crate::data::{self, shuffled, Split};
 use crate::memory::{MemoryProbe, Phase};
-use crate::model::{cast_params, Classifier};
+use crate::model::{cast_params, Network};
 use crate::report::step_log::StepLog;
 use crate::report::summary::Summary;
 use accumulate::{window_gradients, Position, Windows};
@@ -90,15 +90,14 @@ where
     cx.listen(probe.listener());
 
     let splits = data::load(&settings.data, settings.input_size)?;
-    let batcher = Batcher::fit(&splits.train);
-    // The data set and the batcher stay; what training adds is measured above them.
+    // The data set stays; what training adds is measured above it.
     probe.resident();
-    let model: Classifier<B> = Classifier::init(&settings.model, t.seed, &device)?;
+    let model: Network<B> = Network::init(&settings.model, t.seed, &device)?;
     let windows = Windows {
         batch_size: t.batch_size,
         accum_steps: t.accum_steps,
     };
-    let n = splits.train.len();
+    let n = splits.len(Split::Train);
     let per_epoch = windows.per_epoch(n);
     // The run ends after this many optimizer steps; in epochs mode a skipped step is made up
     // by a window of the next epoch's order, so the schedule always reaches its end.
@@ -118,8 +117,8 @@ where
     let mut position = saved.position;
     let mut record = Record::new(settings, total_steps, stepper.step, log, started);
     let checkpoint_dir = checkpoint::dir(&t.output_dir);
-    let save = |model: &Classifier<B>,
-                stepper: &Stepper<Classifier<B>, B>,
+    let save = |model: &Network<B>,
+                stepper: &Stepper<Network<B>, B>,
                 position: Position,
                 record: &Record|
      -> anyhow::Result<()> {
@@ -141,13 +140,13 @@ where
     let mistakes = settings.mistakes;
     // `total_loss += loss` when the mistake is on: every window's loss tensor, kept to the end.
     let mut kept = KeptLosses::<B>::new(mistakes.keep_losses);
-    let eval_now = |model: &Classifier<B>, probe: &mut dyn MemoryProbe| {
-        let (eval, b, keep) = (&splits.eval, t.batch_size, mistakes.keep_losses);
+    let eval_now = |model: &Network<B>, probe: &mut dyn MemoryProbe| {
+        let (b, keep) = (t.batch_size, mistakes.keep_losses);
         probe.sample(Phase::EvalStart);
         let result = match mistakes.eval_with_autograd {
             // The mistake: the autodiff model, which builds a graph for backward.
-            true => evaluate(model, eval, &batcher, b, &cx, &device, keep),
-            false => evaluate(&model.valid(), eval, &batcher, b, &cx, &device, keep),
+            true => evaluate(model, &splits, b, &cx, &device, keep),
+            false => evaluate(&model.valid(), &splits, b, &cx, &device, keep),
         };
         probe.sample(Phase::EvalEnd);
         result
@@ -169,7 +168,7 @@ where
             }
             probe.sample(Phase::WindowStart);
             record.start(&stepper);
-            let load = |idx: &[usize]| batcher.batch::<B>(&splits.train, idx, &device);
+            let load = |idx: &[usize]| splits.batch::<B>(Split::Train, idx, &device);
             let scale = stepper.scaler.scale();
             let b = t.batch_size;
             let w = window_gradients(&model, window, b, &cx, scale, probe, &mut kept, load);
@@ -221,7 +220,7 @@ where
 }
 
 /// Where a run starts: the model, its optimizer, the loop's state and the step log so far.
-type Start<B> = (Classifier<B>, Optim<Classifier<B>, B>, LoopState, StepLog);
+type Start<B> = (Network<B>, Optim<Network<B>, B>, LoopState, StepLog);
 
 /// Reads, verifies and loads the checkpoint in `dir`, checking that `settings` continue its
 /// run, that its counters are ones a run of `per_epoch` windows an epoch reaches and that its
@@ -229,12 +228,12 @@ type Start<B> = (Classifier<B>, Optim<Classifier<B>, B>, LoopState, StepLog);
 fn resume<B: AutodiffBackend>(
     dir: &Path,
     settings: &Settings,
-    model: Classifier<B>,
+    model: Network<B>,
     per_epoch: usize,
     device: &B::Device,
 ) -> anyhow::Result<Start<B>>
 where
-    Classifier<B>: AutodiffModule<B>,
+    Network<B>: AutodiffModule<B>,
 {
     if settings.precision.mode == PrecisionMode::F16 {
         anyhow::bail!(

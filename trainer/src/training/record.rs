@@ -77,7 +77,7 @@ impl Record {
         started: Instant,
     ) -> Self {
         Self {
-            progress: Progress::new(total_steps, done),
+            progress: Progress::new(total_steps, done, settings.model.tokens_per_sample()),
             log,
             train_seconds: 0.0,
             images: 0,

@@ -28,7 +28,7 @@ fn bad_values_exit_2_with_one_line() {
         &["--config", f32, "--set", "model.name=vgg"],
         2,
         "config error: model.name: unknown variant `vgg`, expected one of `simple`, `mobilenet`, \
-         `resnet`",
+         `resnet`, `gpt`",
     );
     fails_with(
         &["--config", f32, "--set", "train.batch_size=big"],

@@ -316,7 +316,7 @@ fn ctrl_c_checkpoints_and_the_run_resumes_bit_identically() {
 fn a_checkpoint_after_an_epochs_last_window_resumes() {
     use burn::backend::{Autodiff, Flex};
     use trainer::config::{load_file_for, Purpose};
-    use trainer::model::Classifier;
+    use trainer::model::Network;
     use trainer::training::accumulate::Position;
     use trainer::training::checkpoint::{self, LoopState};
     use trainer::training::optim::Optim;
@@ -336,12 +336,9 @@ fn a_checkpoint_after_an_epochs_last_window_resumes() {
         .map(|pair| pair[1].to_string())
         .collect();
     let settings = load_file_for(&root().join("configs/f32.toml"), &sets, Purpose::Train).unwrap();
-    let model = Classifier::<Autodiff<Flex>>::init(
-        &settings.model,
-        settings.train.seed,
-        &Default::default(),
-    )
-    .unwrap();
+    let model =
+        Network::<Autodiff<Flex>>::init(&settings.model, settings.train.seed, &Default::default())
+            .unwrap();
     let state = LoopState::of(
         &settings,
         Position {

@@ -149,9 +149,15 @@ fn every_shipped_config_is_within_the_estimate_on_wgpu() {
         let text = std::fs::read_to_string(super::common::root().join(&config)).unwrap();
         let toml: toml::Table = text.parse().unwrap();
         let mut extra = vec!["--max-steps", "2", "--set", "train.batch_size=16"];
-        extra.extend(["--set", "data.train_size=64"]);
-        if toml["model"]["name"].as_str() != Some("simple") {
-            extra.extend(["--set", "model.width_multiplier=0.25"]);
+        match toml["model"]["name"].as_str() {
+            Some("gpt") => extra.extend(TINY_GPT),
+            Some("simple") => extra.extend(["--set", "data.train_size=64"]),
+            _ => extra.extend([
+                "--set",
+                "data.train_size=64",
+                "--set",
+                "model.width_multiplier=0.25",
+            ]),
         }
         let (out, dir) = launch(&format!("wgpu-every-{name}"), &config, &extra);
         let mode = toml.get("precision").and_then(|p| p.get("mode"));
@@ -169,6 +175,52 @@ fn every_shipped_config_is_within_the_estimate_on_wgpu() {
         }
         assert!(out.status.success(), "{config}: {}", stderr(&out));
         within_estimate(&summary(&dir.join("s.json")), WITHIN);
+    }
+}
+
+/// A GPT small enough for llvmpipe: 2 blocks, 64 wide, 32 tokens, a 20 kB corpus.
+const TINY_GPT: [&str; 10] = [
+    "--set",
+    "model.n_layer=2",
+    "--set",
+    "model.d_model=64",
+    "--set",
+    "model.seq_len=32",
+    "--set",
+    "data.corpus_bytes=20000",
+    "--set",
+    "data.eval_size=4",
+];
+
+/// The tiny GPT with memory-efficient attention trains on wgpu in f32 and in f16-mixed: the
+/// engine's attention op on CubeCL, its losses close to the CPU's, its peak within the
+/// estimate.
+#[test]
+fn a_tiny_gpt_with_memory_efficient_attention_trains_on_wgpu() {
+    for config in ["configs/gpt-small.toml", "configs/gpt-small-amp.toml"] {
+        let mut extra = vec![
+            "--max-steps",
+            "3",
+            "--set",
+            "train.batch_size=8",
+            "--set",
+            "model.attention=memory_efficient",
+        ];
+        extra.extend(TINY_GPT);
+        let name = Path::new(config).file_stem().unwrap().to_string_lossy();
+        let (s, _) = wgpu(&format!("wgpu-gpt-me-{name}"), config, &extra);
+        let mut args = vec!["--config", config, "--backend", "cpu"];
+        args.extend(&extra);
+        let (_, cpu) = super::common::train(&format!("wgpu-gpt-me-cpu-{name}"), &args);
+        let (gpu_loss, cpu_loss) = (
+            s["final_train_loss"].as_f64().unwrap(),
+            cpu["final_train_loss"].as_f64().unwrap(),
+        );
+        assert!(
+            (gpu_loss - cpu_loss).abs() < 0.01 * cpu_loss,
+            "{config}: wgpu {gpu_loss}, cpu {cpu_loss}"
+        );
+        within_estimate(&s, WITHIN);
     }
 }
 

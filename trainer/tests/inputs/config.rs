@@ -95,7 +95,7 @@ fn wrong_types_name_the_key() {
     );
     assert_eq!(
         error("[model]\nname = \"vgg\"\n", &[]),
-        "model.name: unknown variant `vgg`, expected one of `simple`, `mobilenet`, `resnet`"
+        "model.name: unknown variant `vgg`, expected one of `simple`, `mobilenet`, `resnet`, `gpt`"
     );
     assert_eq!(
         error("[backend]\nkind = \"tpu\"\n", &[]),

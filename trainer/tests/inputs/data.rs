@@ -36,15 +36,12 @@ fn temp(name: &str) -> std::path::PathBuf {
 fn reads_records_in_order_with_planes_intact() {
     let dir = temp("ok");
     write_cifar(&dir, 7);
-    let splits = load_cifar10(&dir).unwrap();
-    assert_eq!(splits.train.len(), 35);
-    assert_eq!(splits.eval.len(), 7);
-    assert_eq!(splits.train.labels[..8], [0, 1, 2, 3, 4, 5, 6, 0]);
+    let (train, eval) = load_cifar10(&dir).unwrap();
+    assert_eq!(train.len(), 35);
+    assert_eq!(eval.len(), 7);
+    assert_eq!(train.labels[..8], [0, 1, 2, 3, 4, 5, 6, 0]);
     // record 3 of data_batch_1: the G plane starts at pixel 1024, value (3 + 1024) % 256.
-    assert_eq!(
-        splits.train.images[3 * 3072 + 1024],
-        ((3 + 1024) % 256) as u8
-    );
+    assert_eq!(train.images[3 * 3072 + 1024], ((3 + 1024) % 256) as u8);
 }
 
 #[test]

@@ -9,6 +9,8 @@ mod config;
 mod data;
 /// Hundreds of mutated configs and `--set` strings: no panic, one-line rejections.
 mod fuzz;
+/// The GPT's keys and text's: defaults and every bad value.
+mod gpt;
 /// summary.json read back: every spelling parses into the report's enums and is rewritten
 /// byte for byte.
 mod summaries;

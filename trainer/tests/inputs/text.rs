@@ -4,8 +4,7 @@ use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
 use trainer::data::text::{
-    corpus_splits, eval_starts, generate_corpus, load_text, train_starts, windows, TokenSplits,
-    MAX_TEXT_BYTES,
+    corpus_splits, generate_corpus, load_text, windows, TokenSet, TokenSplits, MAX_TEXT_BYTES,
 };
 
 fn temp(name: &str) -> PathBuf {
@@ -122,23 +121,33 @@ fn windows_are_inputs_and_targets_one_token_apart() {
     assert_eq!(&y[..10], &(1..11).collect::<Vec<i64>>()[..]);
     assert_eq!(&x[20..], &(39..49).collect::<Vec<i64>>()[..]);
     assert_eq!(&y[20..], &(40..50).collect::<Vec<i64>>()[..]);
-    // Every start fits a window of seq_len + 1; the same for the same seed and step.
-    for step in 0..50 {
-        let starts = train_starts(50, 10, 16, 7, step);
-        assert!(starts.iter().all(|&s| s + 11 <= 50), "{starts:?}");
-        assert_eq!(starts, train_starts(50, 10, 16, 7, step));
-    }
-    assert_ne!(
-        train_starts(50, 10, 16, 7, 0),
-        train_starts(50, 10, 16, 7, 1)
-    );
-    assert_eq!(eval_starts(50, 10, 100), [0, 10, 20, 30]);
-    assert_eq!(eval_starts(51, 10, 100), [0, 10, 20, 30, 40]);
-    assert_eq!(eval_starts(50, 10, 2), [0, 10]);
-    // The shortest split holds one window.
-    assert_eq!(eval_starts(11, 10, 100), [0]);
     let (x, y) = windows::<Flex>(&tokens[..11], &[0], 10, &Default::default());
     assert_eq!((x.dims(), y.dims()), ([1, 10], [1, 10]));
+}
+
+#[test]
+fn a_split_is_read_as_windows_back_to_back() {
+    let set = |n: u8, max: usize| TokenSet::new((0..n).collect(), 10, max);
+    // Window i starts at token 10·i and needs 11 tokens: 50 tokens hold 4, 51 hold 5.
+    assert_eq!(set(50, usize::MAX).len(), 4);
+    assert_eq!(set(51, usize::MAX).len(), 5);
+    assert_eq!(set(50, 2).len(), 2);
+    // The shortest split holds one window; fewer tokens hold none.
+    assert_eq!(set(11, usize::MAX).len(), 1);
+    assert!(set(10, usize::MAX).is_empty());
+    let (x, y) = set(51, usize::MAX).batch::<Flex>(&[4, 0], &Default::default());
+    let rows = |t: burn::tensor::Tensor<Flex, 2, burn::tensor::Int>| {
+        t.into_data().convert::<i64>().to_vec::<i64>().unwrap()
+    };
+    // The last window's last target is the split's last token.
+    assert_eq!(
+        rows(x),
+        [(40..50).collect::<Vec<i64>>(), (0..10).collect()].concat()
+    );
+    assert_eq!(
+        rows(y),
+        [(41..51).collect::<Vec<i64>>(), (1..11).collect()].concat()
+    );
 }
 
 #[test]

@@ -12,7 +12,7 @@ use oomlab_engine::RunContext;
 use trainer::config::{load_str, Settings};
 use trainer::data::{generate, Batcher, ImageSet};
 use trainer::memory::NullProbe;
-use trainer::model::Classifier;
+use trainer::model::Network;
 use trainer::training::accumulate::window_gradients;
 use trainer::training::mistakes::KeptLosses;
 use trainer::training::optim::Optim;
@@ -27,7 +27,7 @@ pub fn settings(overrides: &[&str]) -> Settings {
 }
 
 /// A small MobileNet (α = 0.25) or SimpleModel, seeded; `-fused` with `memory.fuse = blocks`.
-pub fn model(name: &str) -> Classifier<B> {
+pub fn model(name: &str) -> Network<B> {
     let mobilenet = ["model.name=mobilenet", "model.width_multiplier=0.25"];
     let fused = "memory.fuse=blocks";
     let s = match name {
@@ -36,7 +36,7 @@ pub fn model(name: &str) -> Classifier<B> {
         "simple-fused" => settings(&[fused]),
         _ => settings(&[]),
     };
-    Classifier::init(&s.model, 3, &Default::default()).unwrap()
+    Network::init(&s.model, 3, &Default::default()).unwrap()
 }
 
 /// 64 synthetic images and a batcher fitted on them.
@@ -49,7 +49,7 @@ pub fn data() -> (ImageSet, Batcher) {
 /// The summed gradient over `window` in micro-batches of `batch`, with the loss multiplied by
 /// `scale`, exactly as the training loop hands it to the stepper.
 pub fn scaled_grads(
-    model: &Classifier<B>,
+    model: &Network<B>,
     window: &[usize],
     batch: usize,
     policy: &Precision,
@@ -64,14 +64,14 @@ pub fn scaled_grads(
         scale,
         &mut NullProbe,
         &mut KeptLosses::new(false),
-        |idx| batcher.batch::<B>(&set, idx, &Default::default()),
+        |idx| batcher.batch::<B>(&set, idx, &Default::default()).into(),
     )
     .grads
 }
 
 /// [`scaled_grads`] divided by `scale` again (in the gradients' dtype).
 pub fn grads(
-    model: &Classifier<B>,
+    model: &Network<B>,
     window: &[usize],
     batch: usize,
     policy: &Precision,
@@ -84,7 +84,7 @@ pub fn grads(
 /// Gradients and mean loss over `window` as one batch; `round_input` rounds the images to that
 /// dtype (and back) first, to measure how much a network amplifies input rounding alone.
 pub fn grads_and_loss(
-    model: &Classifier<B>,
+    model: &Network<B>,
     window: &[usize],
     policy: &Precision,
     scale: f64,
@@ -105,7 +105,7 @@ pub fn grads_and_loss(
                 Some(dtype) => x.cast(dtype).cast(DType::F32),
                 None => x,
             };
-            (x, y)
+            (x, y).into()
         },
     );
     (
@@ -115,7 +115,7 @@ pub fn grads_and_loss(
 }
 
 /// ‖a − b‖ / ‖b‖ over all gradients of `model` taken as one vector.
-pub fn global_grad_err(model: &Classifier<B>, a: &GradientsParams, b: &GradientsParams) -> f64 {
+pub fn global_grad_err(model: &Network<B>, a: &GradientsParams, b: &GradientsParams) -> f64 {
     let cat = |g: &GradientsParams| {
         Tensor::cat(grad_list(model, g).into_iter().map(|(t, _)| t).collect(), 0)
     };
@@ -123,7 +123,7 @@ pub fn global_grad_err(model: &Classifier<B>, a: &GradientsParams, b: &Gradients
 }
 
 /// A stepper as the trainer builds it from `s`.
-pub fn stepper(s: &Settings, total_steps: usize) -> Stepper<Classifier<B>, B> {
+pub fn stepper(s: &Settings, total_steps: usize) -> Stepper<Network<B>, B> {
     Stepper::new(
         s,
         total_steps,
@@ -133,7 +133,7 @@ pub fn stepper(s: &Settings, total_steps: usize) -> Stepper<Classifier<B>, B> {
 }
 
 /// Every trainable parameter as `(id, flattened f32 values, dtype)`, in module order.
-pub fn params(model: &Classifier<B>) -> Vec<(ParamId, Tensor<Flex, 1>, DType)> {
+pub fn params(model: &Network<B>) -> Vec<(ParamId, Tensor<Flex, 1>, DType)> {
     struct Collect(Vec<(ParamId, Tensor<Flex, 1>, DType)>);
     impl ModuleVisitor<B> for Collect {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -154,7 +154,7 @@ pub fn params(model: &Classifier<B>) -> Vec<(ParamId, Tensor<Flex, 1>, DType)> {
 }
 
 /// The gradient of every trainable parameter, flattened, with its dtype.
-pub fn grad_list(model: &Classifier<B>, grads: &GradientsParams) -> Vec<(Tensor<Flex, 1>, DType)> {
+pub fn grad_list(model: &Network<B>, grads: &GradientsParams) -> Vec<(Tensor<Flex, 1>, DType)> {
     struct Collect<'a>(&'a GradientsParams, Vec<(Tensor<Flex, 1>, DType)>);
     impl ModuleVisitor<B> for Collect<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -182,7 +182,7 @@ pub fn rel_err(a: &Tensor<Flex, 1>, b: &Tensor<Flex, 1>) -> f64 {
 }
 
 /// The largest per-tensor relative error between two models' gradients.
-pub fn max_grad_err(model: &Classifier<B>, a: &GradientsParams, b: &GradientsParams) -> f64 {
+pub fn max_grad_err(model: &Network<B>, a: &GradientsParams, b: &GradientsParams) -> f64 {
     let (a, b) = (grad_list(model, a), grad_list(model, b));
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -192,7 +192,7 @@ pub fn max_grad_err(model: &Classifier<B>, a: &GradientsParams, b: &GradientsPar
 }
 
 /// The largest per-tensor relative difference between two models' parameters.
-pub fn max_param_err(a: &Classifier<B>, b: &Classifier<B>) -> f64 {
+pub fn max_param_err(a: &Network<B>, b: &Network<B>) -> f64 {
     params(a)
         .iter()
         .zip(&params(b))
@@ -201,7 +201,7 @@ pub fn max_param_err(a: &Classifier<B>, b: &Classifier<B>) -> f64 {
 }
 
 /// Whether two models' parameters are bit-for-bit equal.
-pub fn bit_identical(a: &Classifier<B>, b: &Classifier<B>) -> bool {
+pub fn bit_identical(a: &Network<B>, b: &Network<B>) -> bool {
     let a: Vec<_> = params(a)
         .into_iter()
         .map(|(_, t, _)| t.into_data())

@@ -175,6 +175,6 @@ fn scaler_state_round_trips_through_a_checkpoint() {
 
 fn stepper_for_resume(
     s: &trainer::config::Settings,
-) -> trainer::training::optim::Optim<trainer::model::Classifier<B>, B> {
+) -> trainer::training::optim::Optim<trainer::model::Network<B>, B> {
     trainer::training::optim::Optim::new(&s.train)
 }

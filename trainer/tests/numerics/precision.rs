@@ -85,7 +85,7 @@ fn mobilenet_mixed_gradients_stay_within_the_networks_own_noise_floor() {
 #[test]
 fn activations_are_half_precision() {
     let (set, batcher) = data();
-    let (images, _) = batcher.batch::<B>(&set, &[0, 1, 2, 3], &Default::default());
+    let (images, labels) = batcher.batch::<B>(&set, &[0, 1, 2, 3], &Default::default());
     for name in ["simple", "mobilenet"] {
         let model = model(name);
         for (mode, dtype) in [
@@ -96,9 +96,10 @@ fn activations_are_half_precision() {
             for bn_f32 in [true, false] {
                 let policy = mode.policy(bn_f32);
                 let cx = RunContext::new(policy);
-                let features = model.features(images.clone(), &cx);
+                let features = model.features(images.clone(), &cx).unwrap();
                 assert_eq!(features.dtype(), dtype, "{name} {}", mode.name());
-                let logits = model.forward(images.clone(), &cx);
+                let batch = (images.clone(), labels.clone()).into();
+                let (logits, _) = model.predict(batch, &cx);
                 assert_eq!(logits.dtype(), DType::F32, "the loss runs in f32");
             }
         }
