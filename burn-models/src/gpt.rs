@@ -15,11 +15,14 @@
 //! in the output dtype. Weights are drawn as GPT-2 draws them: N(0, 0.02), the projections into
 //! the residual stream N(0, 0.02/√(2·n_layer)), biases 0, LayerNorm 1 and 0.
 
+use burn::module::{ModuleVisitor, Param};
 use burn::nn::{
     Embedding, EmbeddingConfig, Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig,
 };
+use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::activation::gelu_approximate;
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::TensorPrimitive;
 
 use oomlab_engine::{attention, cast, Layer, ModelBackend, Plan, RunContext};
@@ -89,6 +92,9 @@ pub struct GptConfig {
     pub vocab_size: usize,
     /// The attention the blocks run.
     pub attention: Attention,
+    /// Whole-block checkpointing: each block keeps only its input and is recomputed in
+    /// backward ([`Gpt::recomputed_grads`]; [`Gpt::forward`] is the same either way).
+    pub checkpoint_blocks: bool,
 }
 
 impl GptConfig {
@@ -100,6 +106,7 @@ impl GptConfig {
         seq_len: 1024,
         vocab_size: 50_257,
         attention: Attention::Naive,
+        checkpoint_blocks: false,
     };
 
     /// The config, if every key is in bounds.
@@ -183,10 +190,10 @@ impl GptConfig {
         };
         let gelu = "GELU, tanh approximation (3 tensors of 4·d per token)";
         let residual = "residual adds (keep nothing)";
-        for _ in 0..self.n_layer {
-            plan.push(norms, layer_norm.clone());
-            plan.push(inputs, linear(d, 3 * d));
-            plan.push(
+        let block = [
+            (norms, layer_norm.clone()),
+            (inputs, linear(d, 3 * d)),
+            (
                 attention,
                 Layer::Attention {
                     seq: t,
@@ -194,19 +201,34 @@ impl GptConfig {
                     heads: self.n_head as u64,
                     memory_efficient: self.attention == Attention::MemoryEfficient,
                 },
-            );
-            plan.push(inputs, linear(d, d));
-            plan.push(residual, Layer::Residual { elements: t * d });
-            plan.push(norms, layer_norm.clone());
-            plan.push(inputs, linear(d, 4 * d));
-            plan.push(
+            ),
+            (inputs, linear(d, d)),
+            (residual, Layer::Residual { elements: t * d }),
+            (norms, layer_norm.clone()),
+            (inputs, linear(d, 4 * d)),
+            (
                 gelu,
                 Layer::Gelu {
                     elements: t * 4 * d,
                 },
-            );
-            plan.push(inputs, linear(4 * d, d));
-            plan.push(residual, Layer::Residual { elements: t * d });
+            ),
+            (inputs, linear(4 * d, d)),
+            (residual, Layer::Residual { elements: t * d }),
+        ];
+        for _ in 0..self.n_layer {
+            if self.checkpoint_blocks {
+                plan.push(
+                    "blocks, checkpointed (each keeps its input; recomputed in backward)",
+                    Layer::Recomputed {
+                        layers: block.iter().map(|(_, l)| l.clone()).collect(),
+                        input: t * d,
+                    },
+                );
+            } else {
+                for (group, layer) in &block {
+                    plan.push(*group, layer.clone());
+                }
+            }
         }
         plan.push(norms, layer_norm);
         plan.push(
@@ -256,6 +278,7 @@ impl GptConfig {
             ln_f: layer_norm(),
             n_head: self.n_head,
             memory_efficient: self.attention == Attention::MemoryEfficient,
+            checkpoint_blocks: self.checkpoint_blocks,
         })
     }
 }
@@ -280,6 +303,7 @@ pub struct Gpt<B: Backend> {
     ln_f: LayerNorm<B>,
     n_head: usize,
     memory_efficient: bool,
+    checkpoint_blocks: bool,
 }
 
 impl<B: Backend> Gpt<B> {
@@ -295,6 +319,19 @@ impl<B: Backend> Gpt<B> {
             ..self
         }
     }
+
+    /// The same weights, with whole-block checkpointing on or off.
+    pub fn with_checkpoint_blocks(self, on: bool) -> Self {
+        Self {
+            checkpoint_blocks: on,
+            ..self
+        }
+    }
+
+    /// Whether training recomputes each block in backward ([`Gpt::recomputed_grads`]).
+    pub fn checkpoints_blocks(&self) -> bool {
+        self.checkpoint_blocks
+    }
 }
 
 impl<B: ModelBackend> Gpt<B> {
@@ -304,21 +341,37 @@ impl<B: ModelBackend> Gpt<B> {
     /// # Panics
     /// When `seq` is over the config's `seq_len` (the trainer's config check refuses that).
     pub fn forward(&self, tokens: Tensor<B, 2, Int>, cx: &RunContext) -> Tensor<B, 3> {
-        let p = &cx.precision;
         let [batch, seq] = tokens.dims();
         let positions_held = self.position_embedding.weight.dims()[0];
         assert!(
             seq <= positions_held,
             "{seq} tokens, {positions_held} positions"
         );
+        let x = self.embed(tokens, cx);
+        let (dims, memory_efficient) = ([batch, seq, self.n_head], self.memory_efficient);
+        let x = self
+            .blocks
+            .iter()
+            .fold(x, |x, block| block.forward(x, dims, memory_efficient, cx));
+        self.head(x, [batch, seq], cx)
+    }
+
+    /// The residual stream entering the first block, `[batch · seq, d_model]` in the policy's
+    /// normalisation dtype: token plus position embeddings.
+    fn embed(&self, tokens: Tensor<B, 2, Int>, cx: &RunContext) -> Tensor<B, 2> {
+        let [batch, seq] = tokens.dims();
         let device = tokens.device();
         let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &device).reshape([1, seq]);
         let x = self.token_embedding.forward(tokens) + self.position_embedding.forward(positions);
-        // The residual stream, one row per token.
-        let mut x = p.batch_norm(x).reshape([batch * seq, self.d_model()]);
-        for block in &self.blocks {
-            x = block.forward(x, [batch, seq, self.n_head], self.memory_efficient, cx);
-        }
+        cx.precision
+            .batch_norm(x)
+            .reshape([batch * seq, self.d_model()])
+    }
+
+    /// The logits, `[batch, seq, vocab]`, of the last block's output `x`: the final LayerNorm
+    /// and the head tied to the token embedding.
+    fn head(&self, x: Tensor<B, 2>, [batch, seq]: [usize; 2], cx: &RunContext) -> Tensor<B, 3> {
+        let p = &cx.precision;
         let x = layer_norm(cx, &self.ln_f, x);
         let head = p.compute(self.token_embedding.weight.val()).transpose();
         let vocab = head.dims()[1];
@@ -329,6 +382,95 @@ impl<B: ModelBackend> Gpt<B> {
     fn d_model(&self) -> usize {
         self.ln_f.gamma.dims()[0]
     }
+}
+
+impl<B> Gpt<B>
+where
+    B: AutodiffBackend + ModelBackend,
+    B::InnerBackend: ModelBackend,
+{
+    /// Whole-block checkpointing (`torch.utils.checkpoint` on every block): `loss` of the
+    /// logits of `tokens`, and the gradients of `scale · loss`, keeping only each block's
+    /// input between the forward and the backward of that block.
+    ///
+    /// Burn's autodiff cannot run a backward inside another (a nested backward waits on the
+    /// outer graph's lock), so the stages run one after another, each its own graph: the blocks
+    /// forward without autodiff (their inputs kept); the head, tracked, with `loss` and its
+    /// backward, which gives the last block's output gradient; then each block from the last,
+    /// run again tracked from its kept input, and backpropagated with its output's gradient
+    /// (`Σ out · grad`), which gives its parameters' gradients and its input's; last the
+    /// embeddings. The same ops on the same values as the plain run: the same gradients (the
+    /// shared token embedding's two parts are added in another order). `after_forward` runs when
+    /// the loss exists, before any backward.
+    pub fn recomputed_grads(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        cx: &RunContext,
+        scale: f64,
+        loss: impl FnOnce(Tensor<B, 3>) -> Tensor<B, 1>,
+        after_forward: impl FnOnce(),
+    ) -> (Tensor<B, 1>, GradientsParams) {
+        let [batch, seq] = tokens.dims();
+        let (dims, memory_efficient) = ([batch, seq, self.n_head], self.memory_efficient);
+        let x0 = self.embed(tokens, cx);
+        let mut inputs = Vec::with_capacity(self.blocks.len());
+        // Untracked (detached parameters and input): nothing is kept for a backward, and the
+        // ops are the tracked run's, value for value.
+        let mut x = x0.clone().detach();
+        for block in &self.blocks {
+            inputs.push(x.clone().inner());
+            x = block
+                .clone()
+                .no_grad()
+                .forward(x, dims, memory_efficient, cx);
+        }
+        let top = x.require_grad();
+        let value = loss(self.head(top.clone(), [batch, seq], cx));
+        after_forward();
+        let stage = value.clone().mul_scalar(scale).backward();
+        let mut grad = input_grad(&top, &stage);
+        let mut grads = GradientsParams::from_grads(stage, self);
+        for (block, input) in self.blocks.iter().zip(inputs).rev() {
+            let x = Tensor::<B, 2>::from_inner(input).require_grad();
+            let out = block.forward(x.clone(), dims, memory_efficient, cx);
+            let stage = (out * Tensor::from_inner(grad)).sum().backward();
+            grad = input_grad(&x, &stage);
+            add_into(&mut grads, GradientsParams::from_grads(stage, block), block);
+        }
+        let stage = (x0 * Tensor::from_inner(grad)).sum().backward();
+        add_into(&mut grads, GradientsParams::from_grads(stage, self), self);
+        (value, grads)
+    }
+}
+
+/// The gradient a stage's backward gave its input leaf `x` (zeros if none reached it).
+fn input_grad<B: AutodiffBackend>(
+    x: &Tensor<B, 2>,
+    grads: &B::Gradients,
+) -> Tensor<B::InnerBackend, 2> {
+    x.grad(grads).unwrap_or_else(|| x.zeros_like().inner())
+}
+
+/// Adds every gradient of `module`'s parameters in `more` into `into`.
+fn add_into<B: AutodiffBackend, M: Module<B>>(
+    into: &mut GradientsParams,
+    mut more: GradientsParams,
+    module: &M,
+) {
+    struct Add<'a>(&'a mut GradientsParams, &'a mut GradientsParams);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Add<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let Some(more) = self.1.remove::<B::InnerBackend, D>(param.id) else {
+                return;
+            };
+            let sum = match self.0.remove::<B::InnerBackend, D>(param.id) {
+                Some(have) => have + more,
+                None => more,
+            };
+            self.0.register::<B::InnerBackend, D>(param.id, sum);
+        }
+    }
+    module.visit(&mut Add(into, &mut more));
 }
 
 impl<B: ModelBackend> Block<B> {

@@ -47,6 +47,10 @@ pub struct Sizes {
     pub family: Family,
     /// Whether the compute dtype is bf16 (the CPU runs its bf16 ops through f32 copies).
     pub bf16: bool,
+    /// Bytes per weight element of the compute-dtype copies the composed layers make (2 under
+    /// mixed precision, 0 when the weights already have the compute dtype): a recomputed
+    /// block makes its copies again in backward.
+    pub weight_copies: u64,
 }
 
 impl Sizes {
@@ -194,6 +198,11 @@ pub enum Layer {
     Gelu { elements: u64 },
     /// An add on a transformer's residual stream, in the normalisation dtype.
     Residual { elements: u64 },
+    /// A block under whole-block checkpointing (run by the model: a GPT's `recomputed_grads`
+    /// in burn-models): keeps its
+    /// `input` values per sample (the residual stream, in the normalisation dtype); its
+    /// backward runs `layers` forward again and then their backward.
+    Recomputed { layers: Vec<Layer>, input: u64 },
     /// A language model's head tied to its token embedding: `input` → `output` values per
     /// sample through the embedding's `weight` elements (counted as the embedding's), cast to
     /// the compute dtype.
@@ -281,16 +290,9 @@ impl Plan {
 
     /// Parameter elements the composed layers cast to the compute dtype, and autodiff keeps
     /// as a half copy under mixed precision: conv and linear weights and biases, a tied head.
+    /// A recomputed block's copies live only while it is recomputed: they are not counted here.
     pub fn cast_weights(&self) -> u64 {
-        let cast = |l: &Layer| match *l {
-            Layer::Conv { weight, bias, .. }
-            | Layer::Linear { weight, bias, .. }
-            | Layer::ConvReluPool { weight, bias, .. }
-            | Layer::SlicedLinear { weight, bias, .. } => weight + bias,
-            Layer::ConvBnRelu { weight, .. } | Layer::TiedHead { weight, .. } => weight,
-            _ => 0,
-        };
-        self.layers.iter().map(|p| cast(&p.layer)).sum()
+        self.layers.iter().map(|p| p.layer.cast_weights()).sum()
     }
 
     /// Trainable batch-norm elements (γ and β); the running statistics are as many.
@@ -301,18 +303,9 @@ impl Plan {
     /// Elements of the largest single weight tensor (the optimizer step replaces one at a
     /// time).
     pub fn largest_weight(&self) -> u64 {
-        let largest = |l: &Layer| match *l {
-            Layer::Conv { weight, .. }
-            | Layer::Linear { weight, .. }
-            | Layer::ConvBnRelu { weight, .. }
-            | Layer::ConvReluPool { weight, .. }
-            | Layer::SlicedLinear { weight, .. } => weight,
-            Layer::Embedding { width, rows, .. } => width * rows,
-            _ => 0,
-        };
         self.layers
             .iter()
-            .map(|p| largest(&p.layer))
+            .map(|p| p.layer.largest_weight())
             .max()
             .unwrap_or(0)
     }
@@ -334,9 +327,39 @@ impl Plan {
 }
 
 impl Layer {
+    /// Elements of its largest weight tensor.
+    fn largest_weight(&self) -> u64 {
+        match *self {
+            Layer::Conv { weight, .. }
+            | Layer::Linear { weight, .. }
+            | Layer::ConvBnRelu { weight, .. }
+            | Layer::ConvReluPool { weight, .. }
+            | Layer::SlicedLinear { weight, .. } => weight,
+            Layer::Embedding { width, rows, .. } => width * rows,
+            Layer::Recomputed { ref layers, .. } => {
+                layers.iter().map(Layer::largest_weight).max().unwrap_or(0)
+            }
+            _ => 0,
+        }
+    }
+
+    /// Parameter elements it casts to the compute dtype and autodiff keeps, once cast, for
+    /// backward (none for a recomputed block: see [`Plan::cast_weights`]).
+    fn cast_weights(&self) -> u64 {
+        match *self {
+            Layer::Conv { weight, bias, .. }
+            | Layer::Linear { weight, bias, .. }
+            | Layer::ConvReluPool { weight, bias, .. }
+            | Layer::SlicedLinear { weight, bias, .. } => weight + bias,
+            Layer::ConvBnRelu { weight, .. } | Layer::TiedHead { weight, .. } => weight,
+            _ => 0,
+        }
+    }
+
     /// Trainable elements other than batch norm's.
     fn weights(&self) -> u64 {
         match *self {
+            Layer::Recomputed { ref layers, .. } => layers.iter().map(Layer::weights).sum(),
             Layer::Conv { weight, bias, .. }
             | Layer::Linear { weight, bias, .. }
             | Layer::ConvReluPool { weight, bias, .. }
@@ -351,6 +374,7 @@ impl Layer {
     /// Batch-norm channels.
     fn channels(&self) -> u64 {
         match *self {
+            Layer::Recomputed { ref layers, .. } => layers.iter().map(Layer::channels).sum(),
             Layer::BatchNorm { channels, .. } | Layer::ConvBnRelu { channels, .. } => channels,
             _ => 0,
         }
@@ -414,6 +438,40 @@ impl Layer {
             Layer::Gelu { elements } => composed::gelu(s, elements),
             Layer::Residual { elements } => composed::residual(s, elements),
             Layer::TiedHead { input, output, .. } => composed::linear(s, input, output),
+            Layer::Recomputed { ref layers, input } => recomputed(s, layers, input),
         }
+    }
+}
+
+/// A recomputed block: keeps its input; its backward holds the block's recomputed activations
+/// and the compute-dtype copies of its weights, walks the block's backward (its worst instant:
+/// the activations of the ops not yet reached, plus one op's backward), and has the block's
+/// output and input gradients alive.
+fn recomputed(s: &Sizes, layers: &[Layer], input: u64) -> Footprint {
+    let plan = Plan {
+        layers: layers
+            .iter()
+            .map(|l| Planned {
+                group: String::new(),
+                layer: l.clone(),
+                reads_earlier: false,
+            })
+            .collect(),
+    };
+    let inner = plan.footprints(s);
+    let mut alive: u64 = inner.iter().map(|f| f.saved).sum();
+    let mut peak = alive;
+    for f in inner.iter().rev() {
+        peak = peak.max(alive + f.backward);
+        alive -= f.saved;
+    }
+    let copies = s.weight_copies * layers.iter().map(Layer::cast_weights).sum::<u64>();
+    Footprint {
+        saved: s.norms(input),
+        saved_values: s.batch * input,
+        recomputable: 0,
+        backward: peak + copies + s.norms(2 * input),
+        weight_grad: 0,
+        output_grad: s.norms(input),
     }
 }

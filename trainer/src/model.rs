@@ -3,7 +3,10 @@
 use std::sync::Mutex;
 
 use burn::module::{ModuleMapper, ModuleVisitor, Param};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::GradientsParams;
 use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::DType;
 use burn_models::{Gpt, GptError, MobileNet, MobileNetError, ResNet, ResNetError, SimpleModel};
 use oomlab_engine::{cast, ModelBackend, RunContext};
@@ -113,6 +116,47 @@ impl<B: ModelBackend> Network<B> {
             }
             (Self::ResNet(m), Batch::Images { images, labels }) => (m.forward(images, cx), labels),
             _ => panic!("a batch of the wrong kind for this model (the config check allows none)"),
+        }
+    }
+}
+
+impl<B> Network<B>
+where
+    B: AutodiffBackend + ModelBackend,
+    B::InnerBackend: ModelBackend,
+{
+    /// The mean cross-entropy of `batch` (in f32) and the gradients of `scale` times it:
+    /// forward, `after_forward`, backward. A GPT with whole-block checkpointing runs its
+    /// blocks in stages ([`Gpt::recomputed_grads`](burn_models::Gpt::recomputed_grads)); every
+    /// other model is one graph.
+    pub fn loss_and_grads(
+        &self,
+        batch: Batch<B>,
+        cx: &RunContext,
+        scale: f64,
+        after_forward: impl FnOnce(),
+    ) -> (Tensor<B, 1>, GradientsParams) {
+        let cross_entropy = |logits: Tensor<B, 2>, targets: Tensor<B, 1, Int>| {
+            CrossEntropyLossConfig::new()
+                .init(&logits.device())
+                .forward(logits, targets)
+        };
+        match (self, batch) {
+            (Self::Gpt(m), Batch::Tokens { inputs, targets }) if m.checkpoints_blocks() => {
+                let n = targets.dims().iter().product::<usize>();
+                let loss = |logits: Tensor<B, 3>| {
+                    let vocab = logits.dims()[2];
+                    cross_entropy(logits.reshape([n, vocab]), targets.reshape([n]))
+                };
+                m.recomputed_grads(inputs, cx, scale, loss, after_forward)
+            }
+            (_, batch) => {
+                let (logits, targets) = self.predict(batch, cx);
+                let loss = cross_entropy(logits, targets);
+                after_forward();
+                let grads = loss.clone().mul_scalar(scale).backward();
+                (loss, GradientsParams::from_grads(grads, self))
+            }
         }
     }
 }

@@ -23,6 +23,7 @@ const TINY: GptConfig = GptConfig {
     seq_len: 80,
     vocab_size: 16,
     attention: Attention::Naive,
+    checkpoint_blocks: false,
 };
 
 fn tokens<Bk: burn::tensor::backend::Backend>(
@@ -138,11 +139,17 @@ fn a_later_token_does_not_change_an_earlier_logit() {
 
 /// The logits and every parameter's gradient, as f32, for the loss Σ logits · r.
 fn logits_and_grads(model: &Gpt<B>, r: Tensor<B, 3>) -> (Vec<f32>, Vec<Vec<f32>>) {
+    logits_and_grads_in(model, r, Precision::F32)
+}
+
+/// [`logits_and_grads`] under `precision`.
+fn logits_and_grads_in(
+    model: &Gpt<B>,
+    r: Tensor<B, 3>,
+    precision: Precision,
+) -> (Vec<f32>, Vec<Vec<f32>>) {
     let device = Default::default();
-    let logits = model.forward(
-        tokens(&some_tokens(2, 75, 16), &device),
-        &cx(&Precision::F32),
-    );
+    let logits = model.forward(tokens(&some_tokens(2, 75, 16), &device), &cx(&precision));
     let grads = (logits.clone() * r).sum().backward();
     let grads = GradientsParams::from_grads(grads, model);
     let mut all = Vec::new();
@@ -178,6 +185,113 @@ fn both_attentions_give_the_same_logits_and_gradients() {
         let err = rel_err(b, a);
         assert!(err < 1e-4, "parameter {i}: {err}");
     }
+}
+
+/// Every parameter's gradient in `grads`, as f32, in visiting order.
+fn flat(model: &Gpt<B>, grads: &GradientsParams) -> Vec<Vec<f32>> {
+    let mut all = Vec::new();
+    struct Collect<'a>(&'a GradientsParams, &'a mut Vec<Vec<f32>>);
+    impl<Bk: AutodiffBackend> burn::module::ModuleVisitor<Bk> for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<Bk, D>>) {
+            let g = self.0.get::<Bk::InnerBackend, D>(param.id).unwrap();
+            self.1
+                .push(g.cast(DType::F32).into_data().to_vec::<f32>().unwrap());
+        }
+    }
+    model.visit(&mut Collect(grads, &mut all));
+    all
+}
+
+/// Whole-block checkpointing runs each block again in backward: the same loss and the same
+/// gradients as the plain run (the same ops on the same values), both attentions, f32 and
+/// f16-mixed, with the loss scaled.
+#[test]
+fn block_checkpointing_gives_the_same_gradients() {
+    let device = Default::default();
+    let r = Tensor::<B, 3>::random(
+        [2, 75, 16],
+        burn::tensor::Distribution::Normal(0.0, 1.0),
+        &device,
+    );
+    let input = || tokens::<B>(&some_tokens(2, 75, 16), &device);
+    let model = TINY.init::<B>(&device).unwrap();
+    for attention in [Attention::Naive, Attention::MemoryEfficient] {
+        let model = model.clone().with_attention(attention);
+        for p in [Precision::F32, Precision::mixed(DType::F16, true)] {
+            let cx = cx(&p);
+            let plain_loss = (model.forward(input(), &cx) * r.clone()).sum();
+            let plain =
+                GradientsParams::from_grads(plain_loss.clone().mul_scalar(8.0).backward(), &model);
+            let mut forwards = 0;
+            let (loss, recomputed) = model.recomputed_grads(
+                input(),
+                &cx,
+                8.0,
+                |logits| (logits * r.clone()).sum(),
+                || forwards += 1,
+            );
+            assert_eq!(forwards, 1);
+            assert_eq!(
+                loss.into_scalar(),
+                plain_loss.into_scalar(),
+                "{attention:?} {p:?}: loss"
+            );
+            let (a, b) = (flat(&model, &plain), flat(&model, &recomputed));
+            assert_eq!(a.len(), b.len());
+            for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+                let err = rel_err(b, a);
+                assert!(err < 1e-5, "{attention:?} {p:?}: parameter {i}: {err}");
+            }
+        }
+    }
+}
+
+/// The highest live bytes of a forward and backward of `config` at a batch of 4 (weights
+/// drawn before counting), plain or with the blocks recomputed.
+fn training_peak(config: GptConfig, recompute: bool) -> i64 {
+    crate::counting::on_one_thread(|| {
+        let device = Default::default();
+        let model = config.init::<B>(&device).unwrap();
+        let rows = some_tokens(4, config.seq_len, config.vocab_size);
+        let cx = cx(&Precision::F32);
+        drop(model.forward(tokens::<B>(&rows, &device), &cx));
+        let before = crate::counting::live();
+        crate::counting::reset_peak();
+        let grads = match recompute {
+            false => {
+                let loss = model.forward(tokens::<B>(&rows, &device), &cx).sum();
+                GradientsParams::from_grads(loss.backward(), &model)
+            }
+            true => {
+                let tokens = tokens::<B>(&rows, &device);
+                model
+                    .recomputed_grads(tokens, &cx, 1.0, |l| l.sum(), || ())
+                    .1
+            }
+        };
+        let peak = crate::counting::peak() - before;
+        drop(grads);
+        peak
+    })
+}
+
+/// Four blocks that keep only their inputs peak well under the plain run: the kept inputs
+/// and one block's activations, against every block's activations.
+#[test]
+fn block_checkpointing_lowers_the_training_peak() {
+    let config = GptConfig {
+        n_layer: 4,
+        n_head: 4,
+        d_model: 64,
+        seq_len: 128,
+        vocab_size: 256,
+        attention: Attention::Naive,
+        checkpoint_blocks: false,
+    };
+    let (plain, recomputed) = (training_peak(config, false), training_peak(config, true));
+    let ratio = recomputed as f64 / plain as f64;
+    println!("training peak: plain {plain} bytes, blocks recomputed {recomputed} ({ratio:.3})");
+    assert!(ratio < 0.5, "plain {plain}, recomputed {recomputed}");
 }
 
 #[test]
@@ -266,6 +380,7 @@ fn kept_by_forward(config: GptConfig, precision: Precision) -> i64 {
 /// under mixed precision, the half copies of its weights (the estimate's model state).
 fn planned_per_block(config: GptConfig, precision: Precision) -> i64 {
     use oomlab_engine::{Family, Sizes};
+    let half_copies = precision.compute != DType::F32;
     let sizes = Sizes {
         batch: 4,
         compute: precision.compute.size() as u64,
@@ -273,6 +388,7 @@ fn planned_per_block(config: GptConfig, precision: Precision) -> i64 {
         index: 8,
         family: Family::Cpu,
         bf16: false,
+        weight_copies: if half_copies { 2 } else { 0 },
     };
     let one = GptConfig {
         n_layer: 1,
@@ -282,7 +398,6 @@ fn planned_per_block(config: GptConfig, precision: Precision) -> i64 {
         n_layer: 2,
         ..config
     };
-    let half_copies = precision.compute != DType::F32;
     let saved = |c: GptConfig| -> i64 {
         let plan = c.plan();
         let copies = if half_copies {
@@ -305,6 +420,7 @@ fn each_block_keeps_what_the_plan_says() {
         seq_len: 128,
         vocab_size: 256,
         attention: Attention::Naive,
+        checkpoint_blocks: false,
     };
     for attention in [Attention::Naive, Attention::MemoryEfficient] {
         for precision in [Precision::F32, Precision::mixed(DType::F16, true)] {

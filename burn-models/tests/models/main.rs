@@ -53,13 +53,18 @@ mod counting {
 
     thread_local! {
         static LIVE: Cell<i64> = const { Cell::new(0) };
+        static PEAK: Cell<i64> = const { Cell::new(0) };
     }
 
     pub struct Counting;
 
     fn add(bytes: i64) {
         // `try_with`: a thread's allocations after its locals are gone go uncounted.
-        let _ = LIVE.try_with(|l| l.set(l.get() + bytes));
+        let _ = LIVE.try_with(|l| {
+            let now = l.get() + bytes;
+            l.set(now);
+            let _ = PEAK.try_with(|p| p.set(p.get().max(now)));
+        });
     }
 
     // SAFETY: every call forwards to `System` unchanged; only a thread-local counter is added.
@@ -85,6 +90,16 @@ mod counting {
     /// This thread's live bytes.
     pub fn live() -> i64 {
         LIVE.with(|l| l.get())
+    }
+
+    /// This thread's highest live bytes since [`reset_peak`].
+    pub fn peak() -> i64 {
+        PEAK.with(|p| p.get())
+    }
+
+    /// Starts [`peak`] again from the live bytes now.
+    pub fn reset_peak() {
+        PEAK.with(|p| p.set(live()));
     }
 
     /// `f`'s result, run on a one-thread pool of its own (so every allocation of its ops is

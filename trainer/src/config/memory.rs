@@ -29,6 +29,9 @@ pub enum Checkpointing {
     /// burn-autodiff's balanced strategy: outputs of memory-bound ops (ReLU, element-wise
     /// arithmetic) are recomputed in backward from a kept input instead of being kept.
     Balanced,
+    /// Whole-block recompute (`torch.utils.checkpoint`): each transformer block keeps only its
+    /// input and runs again in backward.
+    Blocks,
 }
 
 /// Whether conv → BN → ReLU (MobileNet) and conv → ReLU → max-pool (SimpleModel) run as
@@ -70,6 +73,7 @@ impl Checkpointing {
         match self {
             Self::None => "none",
             Self::Balanced => "balanced",
+            Self::Blocks => "blocks",
         }
     }
 }

@@ -316,6 +316,14 @@ fn validate(path: &Path, raw: RawConfig, purpose: Purpose) -> Result<Settings, C
                 ));
             }
         }
+        _ if memory.checkpointing == Checkpointing::Blocks => {
+            return Err(out_of_range(
+                "memory.checkpointing",
+                "\"blocks\"",
+                "recomputes whole transformer blocks: model.name = \"gpt\" only (a CNN takes \
+                 \"balanced\")",
+            ));
+        }
         _ if purpose == Purpose::Train && model.classes() != NUM_CLASSES => {
             return Err(out_of_range(
                 "model.num_classes",
@@ -325,7 +333,9 @@ fn validate(path: &Path, raw: RawConfig, purpose: Purpose) -> Result<Settings, C
         }
         _ => {}
     }
-    let model = model.fused(memory.fuse == Fuse::Blocks);
+    let model = model
+        .fused(memory.fuse == Fuse::Blocks)
+        .checkpoint_blocks(memory.checkpointing == Checkpointing::Blocks);
     let train = train::validate(&raw.train, path)?;
     let precision = precision::validate(&raw.precision)?;
 

@@ -185,6 +185,18 @@ impl ModelSpec {
         }
     }
 
+    /// The same model with whole-block checkpointing (`memory.checkpointing = "blocks"`; the
+    /// config check allows it for a GPT only).
+    pub fn checkpoint_blocks(self, on: bool) -> Self {
+        match self {
+            Self::Gpt(c) => Self::Gpt(GptConfig {
+                checkpoint_blocks: on,
+                ..c
+            }),
+            other => other,
+        }
+    }
+
     /// Whether the blocks run as fused ops.
     pub fn is_fused(&self) -> bool {
         match self {
@@ -346,6 +358,7 @@ pub const GPT_DEFAULT: GptConfig = GptConfig {
     seq_len: 64,
     vocab_size: crate::data::text::VOCAB,
     attention: Attention::Naive,
+    checkpoint_blocks: false,
 };
 
 /// Checks a GPT's `[model]` keys.
@@ -379,6 +392,7 @@ fn gpt(m: &RawModel) -> Result<ModelSpec, ConfigError> {
             AttentionName::Naive => Attention::Naive,
             AttentionName::MemoryEfficient => Attention::MemoryEfficient,
         },
+        checkpoint_blocks: false,
     };
     // The model owns its bounds; this only names the config key for each.
     config.validate().map_err(|e| {

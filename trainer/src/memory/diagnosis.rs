@@ -106,6 +106,27 @@ pub fn fixes(settings: &Settings, target: Target) -> Vec<Fix> {
     if settings.memory.fuse == Fuse::None {
         candidates.push(("fused blocks".into(), vec!["memory.fuse=blocks".into()]));
     }
+    if let ModelSpec::Gpt(g) = &settings.model {
+        if settings.memory.checkpointing != Checkpointing::Blocks {
+            candidates.push((
+                "whole-block checkpointing".into(),
+                vec!["memory.checkpointing=blocks".into()],
+            ));
+        }
+        if g.attention == burn_models::Attention::Naive {
+            candidates.push((
+                "memory-efficient attention".into(),
+                vec!["model.attention=memory_efficient".into()],
+            ));
+        }
+        if g.seq_len >= 2 {
+            let half = g.seq_len / 2;
+            candidates.push((
+                format!("a shorter sequence ({half} tokens)"),
+                vec![format!("model.seq_len={half}")],
+            ));
+        }
+    }
     if let ModelSpec::MobileNet(m) = &settings.model {
         if m.width_multiplier > 0.5 {
             candidates.push((

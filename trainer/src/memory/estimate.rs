@@ -282,6 +282,10 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
             Target::Device => Family::CubeCl,
         },
         norm: settings.precision.policy().batch_norm.size() as u64,
+        weight_copies: match mode.half().is_some() && mode.master_weights() {
+            true => 2,
+            false => 0,
+        },
         bf16: mode == PrecisionMode::Bf16Mixed,
     };
     let ops = plan.footprints(&sizes);

@@ -7,7 +7,6 @@
 //! never borrows samples from the next epoch.
 
 use burn::module::{ModuleVisitor, Param};
-use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
@@ -92,20 +91,19 @@ pub fn window_gradients<B>(
 ) -> WindowGrads
 where
     B: AutodiffBackend + ModelBackend,
+    B::InnerBackend: ModelBackend,
 {
     let mut sum: Option<GradientsParams> = None;
     let total = window.len() as f64;
     let mut loss_sum = 0.0;
     for micro in window.chunks(batch_size) {
-        let (logits, targets) = model.predict(load(micro), cx);
-        let loss_fn = CrossEntropyLossConfig::new().init(&logits.device());
-        let loss = loss_fn.forward(logits, targets);
-        probe.sample(Phase::AfterForward);
         let share = micro.len() as f64 / total;
         // The ops add their fresh gradients into the lent sums during backward.
         let lent = sum.map(|sum| Lent::new(model, sum, cx));
-        let grads = loss.clone().mul_scalar(share * loss_scale).backward();
-        let mut fresh = GradientsParams::from_grads(grads, model);
+        // loss = ce(model(x), y); (loss · share · scale).backward(), the probe sampled between.
+        let after_forward = || probe.sample(Phase::AfterForward);
+        let (loss, mut fresh) =
+            model.loss_and_grads(load(micro), cx, share * loss_scale, after_forward);
         if let Some(lent) = lent {
             lent.reclaim(model, &mut fresh);
         }

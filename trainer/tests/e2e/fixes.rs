@@ -115,6 +115,35 @@ fn a_budget_under_the_estimate_stops_before_training_with_ranked_fixes() {
     );
 }
 
+/// A GPT over its budget gets the transformer's fixes, each with the saving the estimate
+/// predicts: whole-block checkpointing, memory-efficient attention, a shorter sequence.
+#[test]
+fn a_gpt_over_its_budget_is_offered_the_transformer_fixes() {
+    let dir = temp("budget-gpt");
+    let out = run(&[
+        "--config",
+        "configs/gpt-small.toml",
+        "--backend",
+        "cpu",
+        "--set",
+        "memory.budget=200MiB",
+        "--set",
+        &format!("train.output_dir={}", arg(&dir)),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    for (what, set) in [
+        ("whole-block checkpointing", "--set memory.checkpointing=blocks"),
+        ("memory-efficient attention", "--set model.attention=memory_efficient"),
+        ("a shorter sequence (64 tokens)", "--set model.seq_len=64"),
+    ] {
+        let line = err.lines().find(|l| l.trim_start().starts_with(what));
+        assert!(line.is_some_and(|l| l.ends_with(set)), "{what}: {err}");
+    }
+    // Fusing is a CNN's fix: not offered.
+    assert!(!err.contains("memory.fuse"), "{err}");
+}
+
 #[test]
 fn a_budget_over_the_estimate_trains() {
     let s = simple(

@@ -232,3 +232,38 @@ fn a_parameter_dominated_run_peaks_at_the_optimizer_step_as_predicted() {
         "Adam − SGD = {extra} bytes, one moment = {moment}"
     );
 }
+
+/// Whole-block checkpointing on the GPT, through the binary: the same losses as the plain
+/// run, a training peak under half of it, each within 10% of its estimate.
+#[test]
+fn block_checkpointing_cuts_the_gpt_peak_with_the_same_losses() {
+    let run = |checkpointing: &str| {
+        let set = format!("memory.checkpointing={checkpointing}");
+        let (_, s) = train(
+            &format!("gpt-ckpt-{checkpointing}"),
+            &[
+                "--config",
+                "configs/gpt-small.toml",
+                "--backend",
+                "cpu",
+                "--max-steps",
+                "3",
+                "--set",
+                "data.corpus_bytes=65536",
+                "--set",
+                "data.eval_size=4",
+                "--set",
+                &set,
+            ],
+        );
+        let error = s["prediction_error"].as_f64().unwrap();
+        assert!(error.abs() <= 0.10, "{checkpointing}: {error}");
+        s
+    };
+    let (plain, blocks) = (run("none"), run("blocks"));
+    assert_eq!(plain["final_train_loss"], blocks["final_train_loss"]);
+    assert_eq!(plain["eval_loss"], blocks["eval_loss"]);
+    let peak = |s: &serde_json::Value| s["training_peak_bytes"].as_f64().unwrap();
+    let ratio = peak(&blocks) / peak(&plain);
+    assert!(ratio < 0.5, "blocks/plain training peak {ratio}");
+}

@@ -404,7 +404,7 @@ fn bad_memory_values_say_what_is_allowed() {
         ),
         (
             "memory.checkpointing=full",
-            "memory.checkpointing: unknown variant `full`, expected `none` or `balanced`",
+            "memory.checkpointing: unknown variant `full`, expected one of `none`, `balanced`, `blocks`",
         ),
         (
             "memory.budget=lots",

@@ -139,6 +139,11 @@ fn gpt_keys_and_text_are_refused_for_the_cnns() {
             &["data.corpus_bytes=100000"],
             "data.corpus_bytes: applies only to data.source = \"text\"",
         ),
+        (
+            "",
+            &["memory.checkpointing=blocks"],
+            "memory.checkpointing = \"blocks\": recomputes whole transformer blocks: model.name = \"gpt\" only (a CNN takes \"balanced\")",
+        ),
     ];
     for (text, sets, expected) in cases {
         assert_eq!(error(text, sets), *expected, "{sets:?}");
