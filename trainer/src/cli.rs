@@ -47,6 +47,8 @@ const EXAMPLES: &str = "Examples:
   trainer find-batch-size --config configs/mobilenet.toml --backend cpu --budget 2GiB
   trainer --config configs/mobilenet.toml --backend cpu --max-steps 50
   trainer --config configs/amp.toml --backend wgpu --max-steps 5   # Vulkan/Metal GPU, or llvmpipe
+  trainer --config configs/gpt-small.toml --set memory.checkpointing=blocks
+  trainer estimate --config configs/gpt-small.toml --set model.seq_len=1024
   trainer --config configs/f32.toml --set train.batch_size=32 --set train.lr=3e-4
   trainer --config configs/f32.toml --summary-json runs/f32.json
   trainer --config configs/f32.toml --resume runs/f32/checkpoint";
@@ -60,17 +62,22 @@ pub enum Command {
   trainer estimate --config configs/amp.toml
   trainer estimate --config configs/mobilenet.toml --set model.input_size=224 \\
       --set model.num_classes=1000 --set model.width_multiplier=0.5
-  trainer estimate --config configs/mobilenet-amp.toml --json runs/estimate.json")]
+  trainer estimate --config configs/mobilenet-amp.toml --json runs/estimate.json
+  trainer estimate --config configs/gpt-small.toml --set model.n_layer=12 --set model.n_head=12 \\
+      --set model.d_model=768 --set model.seq_len=1024 --set model.vocab_size=50257")]
     Estimate(EstimateArgs),
 
     /// Run several configs, each in a fresh process, and compare memory, speed and accuracy:
     /// a table, and report.md, report.csv, report.json, memory.svg, terms.svg and the line
-    /// charts (steps.svg, timeline.svg; batch.svg when sweeping the batch size) in --out.
+    /// charts (steps.svg, timeline.svg; batch.svg or seq_len.svg when sweeping the batch size
+    /// or a GPT's sequence length) in --out.
     #[command(after_help = "Examples:
   trainer compare configs/*.toml --backend cpu --steps 20
   trainer compare configs/f32.toml configs/amp.toml configs/amp-accum.toml --out runs/amp
   trainer compare configs/mobilenet*.toml --set model.width_multiplier=0.5
   trainer compare configs/f32.toml configs/amp.toml --sweep train.batch_size=32,64,128
+  trainer compare configs/gpt-small.toml configs/gpt-small-memory-efficient.toml \\
+      --backend cpu --steps 2 --sweep model.seq_len=64,128,256,512
   trainer compare configs/amp.toml configs/amp-free-cache.toml --backend wgpu --steps 5")]
     Compare(CompareArgs),
 

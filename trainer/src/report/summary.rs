@@ -48,6 +48,9 @@ pub struct Summary {
     /// Images per second after the warm-up.
     #[serde(deserialize_with = "nan_if_null")]
     pub images_per_sec: f64,
+    /// A language model's tokens per sequence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq_len: Option<usize>,
     /// A language model's tokens per second after the warm-up (`images_per_sec` counts its
     /// sequences).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -154,6 +157,7 @@ impl Summary {
             steps: stepper.step,
             epochs,
             images_per_sec: record.images_per_sec(),
+            seq_len: settings.model.tokens_per_sample(),
             tokens_per_sec: settings
                 .model
                 .tokens_per_sample()

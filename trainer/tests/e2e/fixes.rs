@@ -133,8 +133,14 @@ fn a_gpt_over_its_budget_is_offered_the_transformer_fixes() {
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let err = stderr(&out);
     for (what, set) in [
-        ("whole-block checkpointing", "--set memory.checkpointing=blocks"),
-        ("memory-efficient attention", "--set model.attention=memory_efficient"),
+        (
+            "whole-block checkpointing",
+            "--set memory.checkpointing=blocks",
+        ),
+        (
+            "memory-efficient attention",
+            "--set model.attention=memory_efficient",
+        ),
         ("a shorter sequence (64 tokens)", "--set model.seq_len=64"),
     ] {
         let line = err.lines().find(|l| l.trim_start().starts_with(what));
@@ -255,6 +261,40 @@ fn compare_runs_each_config_and_reports_failures_as_rows() {
     ] {
         assert!(svg.contains(text), "terms.svg lacks {text}");
     }
+}
+
+/// `--sweep model.seq_len=…` over naive and memory-efficient attention: seq_len.svg fits the
+/// naive peak as quadratic in the sequence and the memory-efficient one as linear.
+#[test]
+fn a_seq_len_sweep_tells_quadratic_attention_from_linear() {
+    let dir = temp("sweep-seq");
+    let out = arg(&dir.join("report"));
+    let done = run(&[
+        "compare",
+        "configs/gpt-small.toml",
+        "configs/gpt-small-memory-efficient.toml",
+        "--backend",
+        "cpu",
+        "--steps",
+        "1",
+        "--sweep",
+        "model.seq_len=32,64,128",
+        "--set",
+        "train.batch_size=8",
+        "--set",
+        "data.corpus_bytes=20000",
+        "--set",
+        "data.eval_size=2",
+        "--out",
+        &out,
+    ]);
+    assert!(done.status.success(), "{}", stderr(&done));
+    let svg = std::fs::read_to_string(dir.join("report").join("seq_len.svg")).unwrap();
+    assert!(svg.contains("gpt-small: quadratic, "), "{svg}");
+    assert!(
+        svg.contains("gpt-small-memory-efficient: linear, "),
+        "{svg}"
+    );
 }
 
 #[test]

@@ -184,6 +184,32 @@ fn estimate_prints_the_parameter_count_of_any_model() {
     assert!(out.contains("block 13 pointwise"), "{out}");
 }
 
+/// `trainer estimate` at GPT-2 small's sizes prints GPT-2 small's published parameter count.
+#[test]
+fn estimate_prints_gpt2_smalls_parameter_count() {
+    let out = super::common::run_ok(&[
+        "estimate",
+        "--config",
+        "configs/gpt-small.toml",
+        "--set",
+        "model.n_layer=12",
+        "--set",
+        "model.n_head=12",
+        "--set",
+        "model.d_model=768",
+        "--set",
+        "model.seq_len=1024",
+        "--set",
+        "model.vocab_size=50257",
+        "--set",
+        "train.batch_size=8",
+    ]);
+    assert!(
+        out.starts_with("memory estimate (micro-batch 8, 124439808 trainable parameters)"),
+        "{out}"
+    );
+}
+
 /// A large model at batch 1 peaks at the optimizer step, where every gradient and the
 /// optimizer's state are alive: Adam's second moment costs one more parameter-sized buffer than
 /// SGD with momentum, and the estimate predicts both peaks.

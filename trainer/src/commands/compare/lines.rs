@@ -8,6 +8,10 @@
 //! - `batch.svg` (only with `--sweep train.batch_size=…`): the training peak against the batch
 //!   size, with each config's least-squares line, its slope (bytes per image) and intercept
 //!   (what does not scale with the batch).
+//! - `seq_len.svg` (only with `--sweep model.seq_len=…` over three lengths or more): a
+//!   language model's training peak against its sequence length, with each config's
+//!   least-squares quadratic, its seq² and seq coefficients, and whether the peak grows
+//!   quadratically or linearly over the range measured.
 
 use std::path::Path;
 
@@ -269,4 +273,141 @@ pub fn batch(rows: &[Row], note: Option<&str>) -> anyhow::Result<Option<String>>
         },
     )?;
     Ok(Some(text))
+}
+
+/// Least-squares `y = a + b·x + c·x²` through `points` (at least three distinct x): `[a, b,
+/// c]`. Solved on x scaled to [0, 1] (the normal equations of raw sequence lengths are
+/// ill-conditioned), then scaled back.
+pub fn fit_quadratic(points: &[(f64, f64)]) -> Option<[f64; 3]> {
+    let mut xs: Vec<f64> = points.iter().map(|p| p.0).collect();
+    xs.sort_by(f64::total_cmp);
+    xs.dedup();
+    let top = xs.last().copied().filter(|&t| t > 0.0 && xs.len() >= 3)?;
+    // Normal equations M·β = v for the basis 1, u, u² with u = x / top.
+    let mut m = [[0.0f64; 4]; 3];
+    for &(x, y) in points {
+        let u = x / top;
+        let basis = [1.0, u, u * u];
+        for i in 0..3 {
+            for j in 0..3 {
+                m[i][j] += basis[i] * basis[j];
+            }
+            m[i][3] += basis[i] * y;
+        }
+    }
+    // Gaussian elimination with partial pivoting.
+    for col in 0..3 {
+        let pivot = (col..3).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))?;
+        m.swap(col, pivot);
+        if m[col][col].abs() < 1e-12 {
+            return None;
+        }
+        let pivot_row = m[col];
+        for (_, row) in m.iter_mut().enumerate().filter(|(r, _)| *r != col) {
+            let f = row[col] / pivot_row[col];
+            for (v, p) in row.iter_mut().zip(pivot_row).skip(col) {
+                *v -= f * p;
+            }
+        }
+    }
+    let beta = [0, 1, 2].map(|i| m[i][3] / m[i][i]);
+    Some([beta[0], beta[1] / top, beta[2] / (top * top)])
+}
+
+/// How a fitted peak grows over `0..=x_max`: quadratically when its x² term is at least a
+/// tenth of what the peak adds over that range, else linearly.
+pub fn growth([_, b, c]: [f64; 3], x_max: f64) -> &'static str {
+    let (quadratic, linear) = (c * x_max * x_max, b * x_max);
+    match quadratic.abs() >= 0.1 * (quadratic + linear).abs() {
+        true => "quadratic",
+        false => "linear",
+    }
+}
+
+/// `seq_len.svg`: each config's training peak per sequence length (rows grouped by config),
+/// with its fitted quadratic; `None` when no config has three measured lengths.
+pub fn seq_len(rows: &[Row], note: Option<&str>) -> anyhow::Result<Option<String>> {
+    let mut groups: Vec<(&str, Vec<(f64, f64)>)> = Vec::new();
+    for r in rows {
+        let (Some(t), Some(p)) = (r.seq_len, r.training_peak_bytes.or(r.peak_bytes)) else {
+            continue;
+        };
+        let point = (t as f64, p as f64 / MIB);
+        match groups.iter_mut().find(|(c, _)| *c == r.config) {
+            Some((_, points)) => points.push(point),
+            None => groups.push((&r.config, vec![point])),
+        }
+    }
+    groups.retain(|(_, p)| fit_quadratic(p).is_some());
+    if groups.is_empty() {
+        return Ok(None);
+    }
+    let all = || groups.iter().flat_map(|(_, p)| p.iter());
+    let x_max = all().map(|p| p.0).fold(1.0, f64::max);
+    let y_max = all().map(|p| p.1).fold(1.0, f64::max);
+    let text = svg(
+        (900, 460),
+        "Training peak against sequence length",
+        (0.0..x_max * 1.05, 0.0..y_max * 1.4),
+        ("sequence length (tokens)", "training peak (MiB)"),
+        note,
+        |chart| {
+            for (i, (config, points)) in groups.iter().enumerate() {
+                let c = colour(i);
+                let Some(coef) = fit_quadratic(points) else {
+                    continue;
+                };
+                let [a, b, q] = coef;
+                let name = Path::new(config)
+                    .file_stem()
+                    .map_or(config.to_string(), |s| s.to_string_lossy().into_owned());
+                let curve: Vec<(f64, f64)> = (0..=100)
+                    .map(|k| {
+                        let x = x_max * 1.05 * k as f64 / 100.0;
+                        (x, a + b * x + q * x * x)
+                    })
+                    .collect();
+                chart
+                    .draw_series(DashedLineSeries::new(curve, 6, 4, c.stroke_width(1)))?
+                    .label(format!(
+                        "{name}: {}, {:.2e} MiB·seq² + {:.3} MiB·seq + {:.1} MiB",
+                        growth(coef, x_max),
+                        q,
+                        b,
+                        a
+                    ))
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2))
+                    });
+                chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, c.filled())))?;
+            }
+            Ok(())
+        },
+    )?;
+    Ok(Some(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fit_quadratic, growth};
+
+    #[test]
+    fn a_quadratic_is_recovered_and_told_from_a_line() {
+        let quad: Vec<(f64, f64)> = [64.0, 128.0, 256.0, 512.0]
+            .iter()
+            .map(|&t| (t, 20.0 + 0.05 * t + 0.001 * t * t))
+            .collect();
+        let [a, b, c] = fit_quadratic(&quad).unwrap();
+        assert!((a - 20.0).abs() < 1e-6 && (b - 0.05).abs() < 1e-9 && (c - 0.001).abs() < 1e-12);
+        assert_eq!(growth([a, b, c], 512.0), "quadratic");
+        let line: Vec<(f64, f64)> = [64.0, 128.0, 256.0, 512.0]
+            .iter()
+            .map(|&t| (t, 20.0 + 0.4 * t))
+            .collect();
+        let coef = fit_quadratic(&line).unwrap();
+        assert!(coef[2].abs() < 1e-12, "{coef:?}");
+        assert_eq!(growth(coef, 512.0), "linear");
+        // Two lengths cannot fix a quadratic.
+        assert!(fit_quadratic(&line[..2]).is_none());
+    }
 }

@@ -48,6 +48,9 @@ pub struct Row {
     pub batch_norm: Option<String>,
     pub batch_size: Option<usize>,
     pub accum_steps: Option<usize>,
+    /// A language model's tokens per sequence.
+    #[serde(default)]
+    pub seq_len: Option<usize>,
     pub predicted_peak_bytes: Option<u64>,
     pub peak_bytes: Option<u64>,
     /// `peak_bytes` above what was resident before the model (the data set on the CPU heap):
@@ -102,6 +105,7 @@ impl Row {
             batch_norm: s.batch_norm,
             batch_size: Some(s.batch_size),
             accum_steps: Some(s.accum_steps),
+            seq_len: s.seq_len,
             predicted_peak_bytes: Some(s.predicted_peak_bytes),
             peak_bytes: s.memory.peak_bytes,
             training_peak_bytes: s.memory.training_peak_bytes,

@@ -315,6 +315,7 @@ pub fn write_all(
         ("steps.svg", super::lines::steps(rows, note)?),
         ("timeline.svg", super::lines::timeline(rows, note)?),
         ("batch.svg", super::lines::batch(rows, note)?),
+        ("seq_len.svg", super::lines::seq_len(rows, note)?),
     ];
     for (name, svg) in lines {
         match svg {
