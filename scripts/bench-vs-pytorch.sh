@@ -49,22 +49,29 @@ print(tomllib.load(open(sys.argv[1], "rb")).get(section, {}).get(key, sys.argv[3
 oomlab() {
   local config=$1 name=$2
   shift 2
-  local batch accum
+  local batch accum seq
   batch=$(get "$config" train.batch_size 32)
   accum=$(get "$config" train.accum_steps 1)
-  local sets=(--set "data.train_size=$(((steps + 1) * batch * accum))" --set data.eval_size=16)
+  local samples=$(((steps + 1) * batch * accum))
+  local sets=(--set "data.train_size=$samples" --set data.eval_size=16)
+  if [[ $(get "$config" model.name simple) == gpt ]]; then
+    # The built-in corpus, its train split holding a window per sample.
+    seq=$(get "$config" model.seq_len 64)
+    sets=(--set "data.corpus_bytes=$(((samples * seq + 1) * 10 / 9 + 10))" --set data.eval_size=4)
+  fi
   for s in "$@"; do sets+=(--set "$s"); done
   target/release/trainer --config "$config" --backend cpu --max-steps $((steps + 1)) \
     --set "train.output_dir=$work/$name" --overwrite "${sets[@]}" \
     --summary-json "$work/$name.json" >/dev/null
 }
 
-# torch MODEL BATCH ACCUM LR: PyTorch's summary (JSON) in $work/torch-MODEL-BATCH-ACCUM.json.
+# torch MODEL BATCH ACCUM LR [EXTRA...]: PyTorch's summary (JSON) in
+# $work/torch-MODEL-BATCH-ACCUM.json (MODEL names a GPT's sizes and attention too).
 torch_run() {
-  local out="$work/torch-$1-$2-$3.json"
+  local out="$work/torch-$1-$2-$3.json" model=${1%%:*}
   [[ -s $out ]] && return 0
-  "$venv/bin/python" scripts/bench/pytorch_bench.py --model "$1" --batch "$2" --accum "$3" \
-    --lr "$4" --threads "$threads" --warmup 1 --steps "$steps" >"$out"
+  "$venv/bin/python" scripts/bench/pytorch_bench.py --model "$model" --batch "$2" --accum "$3" \
+    --lr "$4" --threads "$threads" --warmup 1 --steps "$steps" "${@:5}" >"$out"
 }
 
 rm -f "$work"/torch-*.json
@@ -84,6 +91,19 @@ for config in configs/*.toml; do
     oomlab "$config" "$name-as-f32" precision.mode=f32 precision.loss_scale=off
   fi
   oomlab "$config" "$name"
+  if [[ $model == gpt ]]; then
+    # The same GPT in PyTorch; memory-efficient attention against its fused SDPA kernel.
+    sizes=$(get "$config" model.n_layer 4),$(get "$config" model.n_head 4),$(get "$config" model.d_model 128)
+    seq=$(get "$config" model.seq_len 64)
+    sizes=$sizes,$seq,$(get "$config" model.vocab_size 256)
+    attention=naive
+    [[ $(get "$config" model.attention naive) == naive ]] || attention=sdpa
+    model="gpt:$sizes:$attention"
+    torch_run "$model" "$batch" "$accum" "$lr" --gpt "$sizes" --attention "$attention"
+    rows+=("$(python3 scripts/bench/table_row.py "$work" "$name" "$model-$batch-$accum" \
+      "$precision" "$fuse" "$seq")")
+    continue
+  fi
   torch_run "$model" "$batch" "$accum" "$lr"
   rows+=("$(python3 scripts/bench/table_row.py "$work" "$name" "$model-$batch-$accum" \
     "$precision" "$fuse")")

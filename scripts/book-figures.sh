@@ -130,6 +130,7 @@ declare -A captions=(
   [steps]="Bytes in use (solid) and reserved (dashed) after each optimizer step"
   [timeline]="Bytes in use over the window that peaked: forward, then backward, then the step"
   [batch]="Training peak against batch size: the slope is the activations per image, the intercept what does not scale with the batch"
+  [seq_len]="Training peak against sequence length, each config's least-squares quadratic: the seq² term is attention's scores"
 )
 
 # compare NAME [--charts a,b] ARGS...: `trainer compare ARGS --out target/book-figures/NAME`,
@@ -313,5 +314,18 @@ compare results configs/f32.toml $(ls configs/*.toml | grep -v '^configs/f32.tom
 compare timeline --charts timeline,terms configs/mobilenet.toml configs/mobilenet-amp.toml \
   configs/mobilenet-checkpointing.toml configs/mobilenet-fused.toml --backend cpu --steps 2 \
   --set data.train_size=256 --set data.eval_size=32
+
+# 9. Transformers: sequence length, attention and checkpointing
+output gpt-learns trainer --config configs/gpt-small.toml --backend cpu --max-steps 150 \
+  --set model.n_layer=2 --set model.d_model=64 --set model.seq_len=32 \
+  --set data.corpus_bytes=200000 --set data.eval_size=64 --set train.lr=3e-3 \
+  --set train.output_dir=target/book-figures/gpt-learns --overwrite
+output estimate-gpt trainer estimate --config configs/gpt-small-amp.toml --set backend.kind=cpu
+compare gpt-seq-len --charts seq_len,memory configs/gpt-small.toml \
+  configs/gpt-small-memory-efficient.toml --backend cpu --steps 2 \
+  --sweep model.seq_len=64,128,256,512 --set data.corpus_bytes=262144 --set data.eval_size=4
+compare gpt-checkpointing --charts memory,timeline configs/gpt-small.toml \
+  configs/gpt-small-amp.toml --backend cpu --steps 10 --sweep memory.checkpointing=none,blocks \
+  --set data.corpus_bytes=262144 --set data.eval_size=4
 
 exit $drift

@@ -1,5 +1,13 @@
 """PyTorch's side of scripts/bench-vs-pytorch.sh: images/s of oomlab's models, eager, CPU.
 
+The GPT (`--model gpt --gpt L,H,D,T,V`) is GPT-2's architecture as burn-models builds it:
+token and position embeddings, pre-LayerNorm blocks (causal attention with biases, a 4× MLP
+with tanh-GELU), a final LayerNorm, the head tied to the token embedding; random byte tokens;
+next-token cross-entropy over every position. `--attention naive` composes the attention from
+tensor ops as oomlab's naive attention does; `sdpa` is PyTorch's
+scaled_dot_product_attention (its fused CPU kernel), beside oomlab's memory-efficient one. A
+sample is a sequence: "images_per_sec" counts sequences, "tokens_per_sec" tokens.
+
 The models mirror burn-models exactly (SimpleModel: conv 3→64 k3 pad 1, ReLU, 2×2 max-pool,
 linear 64·16·16→10; MobileNet α 0.5 with a stride-1 stem, 13 depthwise-separable blocks of
 Table 1, conv without bias, BN, ReLU, global average pool, linear; ResNet-18 with the CIFAR
@@ -13,9 +21,11 @@ torch.utils.flop_counter; a multiply-add is two) per image. Prints one JSON line
 
 import argparse
 import json
+import math
 import time
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 BLOCKS = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), (512, 1),
@@ -70,9 +80,47 @@ def resnet18(classes=10):
     return nn.Sequential(*layers)
 
 
+class GptBlock(nn.Module):
+    def __init__(self, d, heads, sdpa):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.mlp_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.heads, self.sdpa = heads, sdpa
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scores = (q / math.sqrt(d // self.heads)) @ k.transpose(-2, -1)
+            future = torch.ones(t, t, dtype=torch.bool).triu(1)
+            y = scores.masked_fill(future, float("-inf")).softmax(-1) @ v
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp_proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+
+class Gpt(nn.Module):
+    def __init__(self, layers, heads, d, seq, vocab, sdpa):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList(GptBlock(d, heads, sdpa) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+
+    def forward(self, tokens):
+        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x) @ self.tok.weight.T
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", choices=["simple", "mobilenet", "resnet18"], required=True)
+    ap.add_argument("--model", choices=["simple", "mobilenet", "resnet18", "gpt"], required=True)
+    ap.add_argument("--gpt", default="4,4,128,128,256", help="layers,heads,d_model,seq_len,vocab")
+    ap.add_argument("--attention", choices=["naive", "sdpa"], default="naive")
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--accum", type=int, default=1)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -85,11 +133,22 @@ def main():
 
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
-    model = {"simple": simple_model, "mobilenet": mobilenet, "resnet18": resnet18}[a.model]()
+    tokens = 1
+    if a.model == "gpt":
+        layers, heads, d, seq, vocab = (int(v) for v in a.gpt.split(","))
+        model = Gpt(layers, heads, d, seq, vocab, a.attention == "sdpa")
+        x = torch.randint(0, vocab, (a.batch, seq))
+        y = torch.randint(0, vocab, (a.batch, seq))
+        ce = nn.CrossEntropyLoss()
+        loss_fn = lambda logits, y: ce(logits.reshape(-1, vocab), y.reshape(-1))
+        tokens = seq
+    else:
+        models = {"simple": simple_model, "mobilenet": mobilenet, "resnet18": resnet18}
+        model = models[a.model]()
+        loss_fn = nn.CrossEntropyLoss()
+        x = torch.randn(a.batch, 3, 32, 32)
+        y = torch.randint(0, 10, (a.batch,))
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
-    loss_fn = nn.CrossEntropyLoss()
-    x = torch.randn(a.batch, 3, 32, 32)
-    y = torch.randint(0, 10, (a.batch,))
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -114,6 +173,7 @@ def main():
         "model": a.model, "batch": a.batch, "threads": a.threads,
         "accum": a.accum, "steps": a.steps,
         "images_per_sec": a.steps * a.accum * a.batch / seconds,
+        "tokens_per_sec": a.steps * a.accum * a.batch * tokens / seconds,
         "flops_per_image": flops_per_image,
         "torch": torch.__version__,
     }))

@@ -1,8 +1,9 @@
 """One row of scripts/bench-vs-pytorch.sh's table, or this CPU's f32 peak.
 
-table_row.py WORK NAME TORCH PRECISION FUSE: reads WORK/NAME.json (oomlab's run summary),
+table_row.py WORK NAME TORCH PRECISION FUSE [TOKENS]: reads WORK/NAME.json (oomlab's run summary),
 WORK/NAME-as-f32.json (the same config in f32, for half-precision runs) and
-WORK/torch-TORCH.json (PyTorch's), prints a Markdown row.
+WORK/torch-TORCH.json (PyTorch's), prints a Markdown row. With TOKENS (a language model's
+tokens per sequence) the rates are tokens/s and the FLOPs per token.
 table_row.py --peak: prints the peak, e.g. "333 GFLOP/s (2 cores × 2 FMA × 16 lanes × 2 × 2.60 GHz)".
 """
 
@@ -34,19 +35,22 @@ def main():
         gflops, how = peak()
         print(f"{gflops:.0f} GFLOP/s ({how})")
         return
-    work, name, torch, precision, fuse = sys.argv[1:]
+    work, name, torch, precision, fuse, *rest = sys.argv[1:]
+    tokens = int(rest[0]) if rest else 1
+    unit = " tok/s" if rest else ""
     load = lambda path: json.load(open(os.path.join(work, path)))
-    ours = load(f"{name}.json")["images_per_sec"]
-    theirs = load(f"torch-{torch}.json")
-    flops = theirs["flops_per_image"]
+    ours = load(f"{name}.json")["images_per_sec"] * tokens
+    theirs_json = load(f"torch-{torch}.json")
+    theirs = theirs_json["images_per_sec"] * tokens
+    flops = theirs_json["flops_per_image"] / tokens
     half = "—"
     if precision != "f32":
-        f32 = load(f"{name}-as-f32.json")["images_per_sec"]
+        f32 = load(f"{name}-as-f32.json")["images_per_sec"] * tokens
         half = f"{ours / f32:.2f}× of f32"
     gflops = ours * flops / 1e9
     print(
-        f"| {name} | {fuse} | {precision} | {ours:.0f} | {theirs['images_per_sec']:.0f} | "
-        f"{ours / theirs['images_per_sec']:.2f}× | {half} | {flops / 1e9:.3f} | "
+        f"| {name} | {fuse} | {precision} | {ours:.0f}{unit} | {theirs:.0f}{unit} | "
+        f"{ours / theirs:.2f}× | {half} | {flops / 1e9:.3f}{' per token' if rest else ''} | "
         f"{gflops:.1f} | {100 * gflops / peak()[0]:.0f}% |"
     )
 

@@ -190,10 +190,18 @@ fn fused_mobilenet_keeps_less_and_learns_the_same() {
 
 /// The targets for every shipped config with `fuse = "blocks"`, two steps each: the
 /// training peak at most 1.15× the analytic floor (measured 1.03–1.13× on 2026-12-04, the
-/// widest `amp-accum`) and the estimate within 10% of it (`run` asserts both).
+/// widest `amp-accum`) and the estimate within 10% of it (`run` asserts both). The GPT has no
+/// conv blocks to fuse (its configs refuse `fuse = "blocks"`, tested in inputs).
 #[test]
 fn every_shipped_config_fused_is_within_15_percent_of_its_floor() {
-    for config in super::common::shipped_configs() {
+    let cnns = super::common::shipped_configs().into_iter().filter(|c| {
+        !Path::new(c)
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("gpt")
+    });
+    for config in cnns {
         let stem = Path::new(&config)
             .file_stem()
             .unwrap()
