@@ -152,18 +152,8 @@ fn logits_and_grads_in(
     let logits = model.forward(tokens(&some_tokens(2, 75, 16), &device), &cx(&precision));
     let grads = (logits.clone() * r).sum().backward();
     let grads = GradientsParams::from_grads(grads, model);
-    let mut all = Vec::new();
-    struct Collect<'a>(&'a GradientsParams, &'a mut Vec<Vec<f32>>);
-    impl<Bk: AutodiffBackend> burn::module::ModuleVisitor<Bk> for Collect<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<Bk, D>>) {
-            let g = self.0.get::<Bk::InnerBackend, D>(param.id).unwrap();
-            self.1
-                .push(g.cast(DType::F32).into_data().to_vec::<f32>().unwrap());
-        }
-    }
-    model.visit(&mut Collect(&grads, &mut all));
     let logits = logits.inner().into_data().to_vec::<f32>().unwrap();
-    (logits, all)
+    (logits, flat(model, &grads))
 }
 
 #[test]

@@ -135,9 +135,8 @@ impl DataSpec {
             Self::Cifar10 { .. } => CIFAR10_TRAIN_IMAGES,
             Self::Text { text, seq_len, .. } => {
                 let bytes = text.bytes() as usize;
-                // The reader's split: eval is the last tenth, rounded half up.
-                let train = bytes - (bytes + 5) / 10;
-                train.saturating_sub(1) / seq_len
+                let train = bytes - crate::data::text::eval_bytes(bytes);
+                crate::data::text::windows_in(train, *seq_len)
             }
         }
     }
@@ -254,7 +253,7 @@ fn text(d: &RawData, seq_len: usize) -> Result<DataSpec, ConfigError> {
             let bytes = d.corpus_bytes.unwrap_or(DEFAULT_CORPUS_BYTES);
             at_most("data.corpus_bytes", bytes, MAX_CORPUS_BYTES)?;
             // Each split must hold one window of seq_len + 1 tokens (the reader's bound).
-            let least = (seq_len + 1) * 10 - 5;
+            let least = crate::data::text::least_bytes(seq_len);
             if bytes < least {
                 return Err(out_of_range(
                     "data.corpus_bytes",

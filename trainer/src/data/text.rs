@@ -96,15 +96,30 @@ pub fn corpus_splits(bytes: usize, seed: u64, seq_len: usize) -> Result<TokenSpl
 /// Splits `bytes` at nine tenths (eval, nanoGPT's split, gets the last tenth, rounded half
 /// up); `Err` carries the fewest bytes that give each split one window of `seq_len + 1` tokens.
 fn split(mut bytes: Vec<u8>, seq_len: usize) -> Result<TokenSplits, usize> {
-    let eval_len = (bytes.len() + 5) / 10;
+    let eval_len = eval_bytes(bytes.len());
     let window = seq_len + 1;
     let train_len = bytes.len() - eval_len;
     if eval_len < window || train_len < window {
-        // (len + 5) / 10 ≥ window from len = 10·window − 5 on; train is then 9 times larger.
-        return Err(window.saturating_mul(10) - 5);
+        return Err(least_bytes(seq_len));
     }
     let eval = bytes.split_off(train_len);
     Ok(TokenSplits { train: bytes, eval })
+}
+
+/// Bytes of a `len`-byte text the eval split gets: the last tenth, rounded half up.
+pub fn eval_bytes(len: usize) -> usize {
+    (len + 5) / 10
+}
+
+/// The fewest bytes that give each split one window of `seq_len + 1` tokens: the eval tenth
+/// holds one from 10·window − 5 bytes on, and train is then nine times larger.
+pub fn least_bytes(seq_len: usize) -> usize {
+    (seq_len + 1).saturating_mul(10) - 5
+}
+
+/// Windows of `seq_len + 1` tokens that `tokens` tokens hold back to back.
+pub fn windows_in(tokens: usize, seq_len: usize) -> usize {
+    tokens.saturating_sub(1) / seq_len
 }
 
 /// `(inputs, targets)`, each `[starts.len(), seq_len]`: the windows of `tokens` beginning at
@@ -147,7 +162,7 @@ impl TokenSet {
     /// The windows of `tokens`, at most `max` of them (from the start).
     pub fn new(tokens: Vec<u8>, seq_len: usize, max: usize) -> Self {
         assert!(seq_len > 0, "an empty window");
-        let windows = (tokens.len().saturating_sub(1) / seq_len).min(max);
+        let windows = windows_in(tokens.len(), seq_len).min(max);
         Self {
             tokens,
             seq_len,

@@ -260,7 +260,9 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
     // The least model state: the fused ops cast the f32 weights themselves and keep no half
     // copy, so the floor leaves the copies out.
     let least_state = model_state.clone();
-    if mode.half().is_some() && mode.master_weights() && !settings.model.is_fused() {
+    // The composed layers cast f32 master weights to the half type, and autodiff keeps each cast.
+    let half_copies = mode.half().is_some() && mode.master_weights();
+    if half_copies && !settings.model.is_fused() {
         // Composed, autodiff keeps each layer's input: the weight cast to half.
         model_state.push(line(
             "half copies of conv/linear weights",
@@ -282,10 +284,7 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
             Target::Device => Family::CubeCl,
         },
         norm: settings.precision.policy().batch_norm.size() as u64,
-        weight_copies: match mode.half().is_some() && mode.master_weights() {
-            true => 2,
-            false => 0,
-        },
+        weight_copies: if half_copies { 2 } else { 0 },
         bf16: mode == PrecisionMode::Bf16Mixed,
     };
     let ops = plan.footprints(&sizes);

@@ -218,20 +218,27 @@ pub fn fit(points: &[(f64, f64)]) -> Option<(f64, f64)> {
     (points.len() >= 2 && sxx > 0.0).then(|| (sxy / sxx, my - sxy / sxx * mx))
 }
 
-/// `batch.svg`: each config's training peak per batch size (rows grouped by config, in
-/// order), with its fitted line; `None` when no config has two measured batch sizes.
-pub fn batch(rows: &[Row], note: Option<&str>) -> anyhow::Result<Option<String>> {
+/// Each config's `(x, training peak in MiB)` points, `x` read from each run's row (runs without
+/// it or without a peak left out), grouped by config in order.
+fn peaks_by_config(rows: &[Row], x: fn(&Row) -> Option<usize>) -> Vec<(&str, Vec<(f64, f64)>)> {
     let mut groups: Vec<(&str, Vec<(f64, f64)>)> = Vec::new();
     for r in rows {
-        let (Some(b), Some(p)) = (r.batch_size, r.training_peak_bytes.or(r.peak_bytes)) else {
+        let (Some(x), Some(p)) = (x(r), r.training_peak_bytes.or(r.peak_bytes)) else {
             continue;
         };
-        let point = (b as f64, p as f64 / MIB);
+        let point = (x as f64, p as f64 / MIB);
         match groups.iter_mut().find(|(c, _)| *c == r.config) {
             Some((_, points)) => points.push(point),
             None => groups.push((&r.config, vec![point])),
         }
     }
+    groups
+}
+
+/// `batch.svg`: each config's training peak per batch size (rows grouped by config, in
+/// order), with its fitted line; `None` when no config has two measured batch sizes.
+pub fn batch(rows: &[Row], note: Option<&str>) -> anyhow::Result<Option<String>> {
+    let mut groups = peaks_by_config(rows, |r| r.batch_size);
     groups.retain(|(_, p)| fit(p).is_some());
     if groups.is_empty() {
         return Ok(None);
@@ -327,17 +334,7 @@ pub fn growth([_, b, c]: [f64; 3], x_max: f64) -> &'static str {
 /// `seq_len.svg`: each config's training peak per sequence length (rows grouped by config),
 /// with its fitted quadratic; `None` when no config has three measured lengths.
 pub fn seq_len(rows: &[Row], note: Option<&str>) -> anyhow::Result<Option<String>> {
-    let mut groups: Vec<(&str, Vec<(f64, f64)>)> = Vec::new();
-    for r in rows {
-        let (Some(t), Some(p)) = (r.seq_len, r.training_peak_bytes.or(r.peak_bytes)) else {
-            continue;
-        };
-        let point = (t as f64, p as f64 / MIB);
-        match groups.iter_mut().find(|(c, _)| *c == r.config) {
-            Some((_, points)) => points.push(point),
-            None => groups.push((&r.config, vec![point])),
-        }
-    }
+    let mut groups = peaks_by_config(rows, |r| r.seq_len);
     groups.retain(|(_, p)| fit_quadratic(p).is_some());
     if groups.is_empty() {
         return Ok(None);
