@@ -139,12 +139,34 @@ fn simple_model_learns_on_wgpu_in_f32_and_f16_mixed() {
     assert!(ratio < 0.9, "f16-mixed / f32 device peak = {ratio}");
 }
 
-/// Every shipped config's device peak on a CubeCL pool lies within 15% of its estimate (two
-/// steps of 16; MobileNet and ResNet at α = 1/4, as the estimate takes any width). A config
-/// whose precision the adapter cannot compute (bf16 on llvmpipe) is refused with one line.
+/// Configs whose device peak another test here holds to the estimate: each llvmpipe run
+/// compiles its kernels afresh (most of its half minute), so they are not run twice.
+const ESTIMATED_ELSEWHERE: [&str; 6] = [
+    "configs/f32.toml",       // simple_model_learns_on_wgpu_in_f32_and_f16_mixed
+    "configs/amp.toml",       // simple_model_learns_on_wgpu_in_f32_and_f16_mixed
+    "configs/mobilenet.toml", // checkpointing_lowers_the_device_peak_on_wgpu
+    "configs/mobilenet-checkpointing.toml", // checkpointing_lowers_the_device_peak_on_wgpu
+    "configs/mobilenet-amp.toml", // mobilenet_f16_mixed_with_batch_norm_in_f32_trains_on_wgpu
+    "configs/resnet18-amp.toml", // resnet18_f16_mixed_trains_on_wgpu_within_the_estimate
+];
+
+/// Every other shipped config's device peak on a CubeCL pool lies within 15% of its estimate
+/// (two steps of 16; MobileNet and ResNet at α = 1/4, as the estimate takes any width). A
+/// config whose precision the adapter cannot compute (bf16 on llvmpipe) is refused with one
+/// line.
 #[test]
 fn every_shipped_config_is_within_the_estimate_on_wgpu() {
-    for config in super::common::shipped_configs() {
+    let configs = super::common::shipped_configs();
+    for config in ESTIMATED_ELSEWHERE {
+        assert!(
+            configs.iter().any(|c| c == config),
+            "{config} is not shipped"
+        );
+    }
+    for config in configs
+        .into_iter()
+        .filter(|c| !ESTIMATED_ELSEWHERE.contains(&c.as_str()))
+    {
         let name = Path::new(&config).file_stem().unwrap().to_string_lossy();
         let text = std::fs::read_to_string(super::common::root().join(&config)).unwrap();
         let toml: toml::Table = text.parse().unwrap();
