@@ -25,7 +25,9 @@ use burn::tensor::activation::gelu_approximate;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::TensorPrimitive;
 
-use oomlab_engine::{attention, cast, Layer, ModelBackend, Plan, RunContext};
+use std::sync::OnceLock;
+
+use oomlab_engine::{attention, cast, mark, Boundary, Layer, ModelBackend, Plan, RunContext};
 
 use crate::layers::linear;
 
@@ -347,12 +349,12 @@ impl<B: ModelBackend> Gpt<B> {
             seq <= positions_held,
             "{seq} tokens, {positions_held} positions"
         );
-        let x = self.embed(tokens, cx);
+        let x = mark(self.embed(tokens, cx), Boundary("embed"), cx);
         let (dims, memory_efficient) = ([batch, seq, self.n_head], self.memory_efficient);
-        let x = self
-            .blocks
-            .iter()
-            .fold(x, |x, block| block.forward(x, dims, memory_efficient, cx));
+        let x = self.blocks.iter().enumerate().fold(x, |x, (i, block)| {
+            let x = block.forward(x, dims, memory_efficient, cx);
+            mark(x, Boundary(block_name(i)), cx)
+        });
         self.head(x, [batch, seq], cx)
     }
 
@@ -376,7 +378,11 @@ impl<B: ModelBackend> Gpt<B> {
         let head = p.compute(self.token_embedding.weight.val()).transpose();
         let vocab = head.dims()[1];
         let logits = p.compute(x).matmul(head);
-        p.output(logits).reshape([batch, seq, vocab])
+        mark(
+            p.output(logits).reshape([batch, seq, vocab]),
+            Boundary("head"),
+            cx,
+        )
     }
 
     fn d_model(&self) -> usize {
@@ -412,17 +418,19 @@ where
     ) -> (Tensor<B, 1>, GradientsParams) {
         let [batch, seq] = tokens.dims();
         let (dims, memory_efficient) = ([batch, seq, self.n_head], self.memory_efficient);
-        let x0 = self.embed(tokens, cx);
+        let x0 = mark(self.embed(tokens, cx), Boundary("embed"), cx);
         let mut inputs = Vec::with_capacity(self.blocks.len());
         // Untracked (detached parameters and input): nothing is kept for a backward, and the
-        // ops are the tracked run's, value for value.
+        // ops are the tracked run's, value for value. The boundaries report the crossings (an
+        // untracked boundary is not in any graph).
         let mut x = x0.clone().detach();
-        for block in &self.blocks {
+        for (i, block) in self.blocks.iter().enumerate() {
             inputs.push(x.clone().inner());
             x = block
                 .clone()
                 .no_grad()
                 .forward(x, dims, memory_efficient, cx);
+            x = mark(x, Boundary(block_name(i)), cx);
         }
         let top = x.require_grad();
         let value = loss(self.head(top.clone(), [batch, seq], cx));
@@ -430,9 +438,11 @@ where
         let stage = value.clone().mul_scalar(scale).backward();
         let mut grad = input_grad(&top, &stage);
         let mut grads = GradientsParams::from_grads(stage, self);
-        for (block, input) in self.blocks.iter().zip(inputs).rev() {
+        for (i, (block, input)) in self.blocks.iter().zip(inputs).enumerate().rev() {
             let x = Tensor::<B, 2>::from_inner(input).require_grad();
+            // The recompute crosses the block's end forward again, then its backward does.
             let out = block.forward(x.clone(), dims, memory_efficient, cx);
+            let out = mark(out, Boundary(block_name(i)), cx);
             let stage = (out * Tensor::from_inner(grad)).sum().backward();
             grad = input_grad(&x, &stage);
             add_into(&mut grads, GradientsParams::from_grads(stage, block), block);
@@ -441,6 +451,17 @@ where
         add_into(&mut grads, GradientsParams::from_grads(stage, self), self);
         (value, grads)
     }
+}
+
+/// `block1` … `block{MAX_LAYERS}`: the boundary after block `i` (from 0), as the CNNs name
+/// theirs. Made once and kept for the program's life, as a boundary's name is.
+fn block_name(i: usize) -> &'static str {
+    static NAMES: OnceLock<Vec<&'static str>> = OnceLock::new();
+    NAMES.get_or_init(|| {
+        (1..=MAX_LAYERS)
+            .map(|n| &*Box::leak(format!("block{n}").into_boxed_str()))
+            .collect()
+    })[i]
 }
 
 /// The gradient a stage's backward gave its input leaf `x` (zeros if none reached it).

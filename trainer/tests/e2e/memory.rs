@@ -2,7 +2,7 @@
 //! Every run is MobileNet's CIFAR preset (α = 1, 32×32, stem stride 1) for two optimizer steps,
 //! so the peak includes Adam's state; memory, not time, is asserted.
 
-use super::common::{table_value, train};
+use super::common::{out_dir, table_value, train};
 
 /// Peak heap bytes of a MobileNet run with these extra `--set`s.
 fn peak(name: &str, sets: &[&str]) -> f64 {
@@ -260,13 +260,15 @@ fn a_parameter_dominated_run_peaks_at_the_optimizer_step_as_predicted() {
 }
 
 /// Whole-block checkpointing on the GPT, through the binary: the same losses as the plain
-/// run, a training peak under half of it, each within 10% of its estimate.
+/// run, a training peak under half of it, each within 10% of its estimate; both memory
+/// timelines sample every boundary (embeddings, each block, the head) in both passes.
 #[test]
 fn block_checkpointing_cuts_the_gpt_peak_with_the_same_losses() {
     let run = |checkpointing: &str| {
         let set = format!("memory.checkpointing={checkpointing}");
+        let name = format!("gpt-ckpt-{checkpointing}");
         let (_, s) = train(
-            &format!("gpt-ckpt-{checkpointing}"),
+            &name,
             &[
                 "--config",
                 "configs/gpt-small.toml",
@@ -284,6 +286,23 @@ fn block_checkpointing_cuts_the_gpt_peak_with_the_same_losses() {
         );
         let error = s["prediction_error"].as_f64().unwrap();
         assert!(error.abs() <= 0.10, "{checkpointing}: {error}");
+        let csv = std::fs::read_to_string(out_dir(&name).join("memory_timeline.csv")).unwrap();
+        let samples: Vec<(&str, &str)> = csv
+            .lines()
+            .skip(1)
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                (f[1], f[2])
+            })
+            .collect();
+        for layer in ["embed", "block1", "block2", "block3", "block4", "head"] {
+            for phase in ["forward", "backward"] {
+                assert!(
+                    samples.contains(&(phase, layer)),
+                    "{checkpointing}: no {phase} sample at {layer}: {csv}"
+                );
+            }
+        }
         s
     };
     let (plain, blocks) = (run("none"), run("blocks"));
