@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::BackendKind;
 
@@ -82,12 +82,15 @@ pub enum Command {
     Compare(CompareArgs),
 
     /// Find the largest micro-batch that fits, by trial steps at growing then bisected sizes,
-    /// each in a fresh process; suggests the accum_steps that keeps the effective batch.
+    /// each in a fresh process; suggests the accum_steps that keeps the effective batch. With
+    /// `--search seq_len`, the longest sequence a GPT config fits at its micro-batch instead.
     #[command(after_help = "Examples:
   trainer find-batch-size --config configs/mobilenet.toml --backend cpu --budget 2GiB
   trainer find-batch-size --config configs/amp.toml --backend cuda      # the GPU decides
   trainer find-batch-size --config configs/amp.toml --backend wgpu --budget 1GiB
-  trainer find-batch-size --config configs/f32.toml --budget 1GiB --margin 0.2")]
+  trainer find-batch-size --config configs/f32.toml --budget 1GiB --margin 0.2
+  trainer find-batch-size --config configs/gpt-small.toml --backend cpu --budget 1GiB \\
+      --search seq_len --set model.attention=memory_efficient")]
     FindBatchSize(FindArgs),
 }
 
@@ -158,10 +161,20 @@ pub struct FindArgs {
     #[arg(long, default_value_t = 0.1, value_name = "FRACTION", value_parser = fraction)]
     pub margin: f64,
 
+    /// What to search: the largest micro-batch, or the longest `model.seq_len` at the config's
+    /// micro-batch (GPT configs).
+    #[arg(long, value_enum, default_value_t = SearchKey::BatchSize)]
+    pub search: SearchKey,
+
     /// Largest micro-batch to try (1 to 65,536, the bound of train.batch_size; trials also stop
     /// at the train split's size).
     #[arg(long, default_value_t = 4096, value_name = "N", value_parser = batch_bound)]
     pub max_batch: usize,
+
+    /// Longest seq_len to try with `--search seq_len` (1 to 65,536, the bound of
+    /// model.seq_len; trials also stop where the text holds a micro-batch of windows).
+    #[arg(long, default_value_t = 65_536, value_name = "N", value_parser = seq_len_bound)]
+    pub max_seq_len: usize,
 
     /// Also write the trials and the answer as JSON to PATH.
     #[arg(long, value_name = "PATH")]
@@ -259,6 +272,28 @@ fn batch_bound(text: &str) -> Result<usize, String> {
     match at_least_one(text)? {
         n if n > max => Err(format!(
             "must be at most {max} (the bound of train.batch_size)"
+        )),
+        n => Ok(n),
+    }
+}
+
+/// What `find-batch-size` searches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SearchKey {
+    /// The largest micro-batch (`train.batch_size`).
+    #[value(name = "batch_size")]
+    BatchSize,
+    /// The longest sequence (`model.seq_len`) at the config's micro-batch.
+    #[value(name = "seq_len")]
+    SeqLen,
+}
+
+/// `--max-seq-len`: at least 1, at most model.seq_len's bound.
+fn seq_len_bound(text: &str) -> Result<usize, String> {
+    let max = burn_models::gpt::MAX_SEQ_LEN;
+    match at_least_one(text)? {
+        n if n > max => Err(format!(
+            "must be at most {max} (the bound of model.seq_len)"
         )),
         n => Ok(n),
     }

@@ -140,6 +140,19 @@ impl DataSpec {
             }
         }
     }
+
+    /// Text: the longest `seq_len` at which the train split still holds `batch` windows and the
+    /// eval split one (0 where none does); images: `None`.
+    pub fn longest_seq_len(&self, batch: usize) -> Option<usize> {
+        let Self::Text { text, .. } = self else {
+            return None;
+        };
+        let bytes = text.bytes() as usize;
+        let eval = crate::data::text::eval_bytes(bytes);
+        // windows_in(train, s) = (train − 1) / s ≥ batch; an eval window needs s + 1 bytes.
+        let train = (bytes - eval).saturating_sub(1) / batch.max(1);
+        Some(train.min(eval.saturating_sub(1)))
+    }
 }
 
 /// Images in CIFAR-10's five train files.
@@ -275,4 +288,37 @@ fn text(d: &RawData, seq_len: usize) -> Result<DataSpec, ConfigError> {
         seq_len,
         eval_windows,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::text::{eval_bytes, windows_in};
+
+    /// The longest seq_len is the last at which the train split holds the batch and the eval
+    /// split a window; one more loses one of them.
+    #[test]
+    fn the_longest_seq_len_is_where_the_text_stops_holding_a_batch() {
+        for bytes in [0, 1, 10, 25, 1000, 4097, 65_536, 1 << 20] {
+            for batch in [1, 2, 3, 32, 1000] {
+                let spec = DataSpec::Text {
+                    text: TextSource::Corpus { bytes, seed: 0 },
+                    seq_len: 8,
+                    eval_windows: 1,
+                };
+                let longest = spec.longest_seq_len(batch).unwrap();
+                let (eval, train) = (eval_bytes(bytes), bytes - eval_bytes(bytes));
+                let holds = |s: usize| windows_in(train, s) >= batch && eval > s;
+                if longest > 0 {
+                    assert!(holds(longest), "{bytes} bytes, batch {batch}: {longest}");
+                }
+                assert!(
+                    !holds(longest + 1),
+                    "{bytes} bytes, batch {batch}: {longest}"
+                );
+            }
+        }
+        let images = DataSpec::Cifar10 { path: "x".into() };
+        assert_eq!(images.longest_seq_len(1), None);
+    }
 }

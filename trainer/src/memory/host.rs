@@ -20,10 +20,13 @@ pub struct HostMemory {
     pub has: u64,
 }
 
-/// `find-batch-size`: not even a micro-batch of 1 fits (exit 3).
+/// `find-batch-size`: not even the smallest value (a micro-batch or a seq_len of 1) fits
+/// (exit 3).
 #[derive(Debug, thiserror::Error)]
-#[error("out of memory: even a micro-batch of 1 does not fit{}: see the trial above", limit.map_or_else(String::new, |l| format!(" in {}", human(l))))]
+#[error("out of memory: even {what} does not fit{}: see the trial above", limit.map_or_else(String::new, |l| format!(" in {}", human(l))))]
 pub struct NothingFits {
+    /// The smallest value tried: "a micro-batch of 1".
+    pub what: &'static str,
     /// The limit a trial had to stay under, where the budget set one.
     pub limit: Option<u64>,
 }

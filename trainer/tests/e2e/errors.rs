@@ -152,7 +152,7 @@ fn help_shows_examples() {
 /// Flags are range-checked by clap before anything loads: exit 2, the flag named.
 #[test]
 fn bad_flag_values_exit_2_naming_the_flag() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["compare", "configs/f32.toml", "--steps", "0"],
             "error: invalid value '0' for '--steps <N>': must be at least 1",
@@ -164,6 +164,15 @@ fn bad_flag_values_exit_2_naming_the_flag() {
         (
             &["find-batch-size", "--max-batch", "0"],
             "error: invalid value '0' for '--max-batch <N>': must be at least 1",
+        ),
+        (
+            &["find-batch-size", "--max-seq-len", "65537"],
+            "error: invalid value '65537' for '--max-seq-len <N>': must be at most 65536 (the \
+             bound of model.seq_len)",
+        ),
+        (
+            &["find-batch-size", "--search", "seq"],
+            "error: invalid value 'seq' for '--search <SEARCH>'",
         ),
         (
             &["find-batch-size", "--budget", "lots"],

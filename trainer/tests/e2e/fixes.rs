@@ -451,6 +451,105 @@ fn find_batch_size_finds_the_largest_micro_batch_under_the_budget() {
     );
 }
 
+/// `--search seq_len` on a tiny GPT: the longest context that fits a budget at the config's
+/// micro-batch, each trial's peak measured (growing with the context), the answer bisected.
+#[test]
+fn find_batch_size_finds_the_longest_seq_len_under_the_budget() {
+    let dir = temp("find-seq");
+    let json = dir.join("found.json");
+    let (output_dir, json_arg) = (format!("train.output_dir={}", arg(&dir)), arg(&json));
+    let mut args = vec![
+        "find-batch-size",
+        "--config",
+        "configs/gpt-small.toml",
+        "--backend",
+        "cpu",
+        "--budget",
+        "24MiB",
+        "--search",
+        "seq_len",
+        "--json",
+        &json_arg,
+        "--set",
+        &output_dir,
+    ];
+    for set in [
+        "model.n_layer=1",
+        "model.d_model=64",
+        "train.batch_size=4",
+        "data.corpus_bytes=65536",
+        "data.eval_size=4",
+    ] {
+        args.extend(["--set", set]);
+    }
+    let out = run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let found: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(found["searched"], "model.seq_len");
+    assert_eq!(found["batch_size"], 4);
+    let limit = found["limit_bytes"].as_u64().unwrap();
+    let best = found["seq_len"].as_u64().unwrap();
+    let mut trials: Vec<(u64, u64, bool)> = found["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            assert_eq!(t["batch_size"], 4, "{t}");
+            let (s, peak) = (
+                t["seq_len"].as_u64().unwrap(),
+                t["peak_bytes"].as_u64().unwrap(),
+            );
+            assert_eq!(t["fits"].as_bool().unwrap(), peak <= limit, "{t}");
+            (s, peak, peak <= limit)
+        })
+        .collect();
+    trials.sort();
+    // From 32 tokens on the activations lead; below, the epoch's order of the train windows
+    // (8 bytes a window, fewer windows as they grow) outweighs them.
+    let long: Vec<_> = trials.iter().filter(|t| t.0 >= 32).collect();
+    assert!(
+        long.len() >= 4 && long.windows(2).all(|w| w[0].1 < w[1].1),
+        "a longer context peaks higher: {trials:?}"
+    );
+    let smallest_bad = trials.iter().find(|t| !t.2).map(|t| t.0).unwrap();
+    assert!(trials.iter().any(|t| t.0 == best && t.2), "{found}");
+    assert!(best > 1 && smallest_bad > best, "{found}");
+    assert!(
+        smallest_bad - best <= (best / 16).max(1),
+        "bisected: {found}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with(&format!(
+            "longest seq_len that fits at micro-batch 4: {best} "
+        )) && stdout.contains(&format!("--set model.seq_len={best}\n")),
+        "{stdout}"
+    );
+}
+
+/// A CNN has no seq_len to search: one line, exit 2, before any trial.
+#[test]
+fn find_batch_size_searches_seq_len_on_a_gpt_only() {
+    let out = run(&[
+        "find-batch-size",
+        "--config",
+        "configs/f32.toml",
+        "--backend",
+        "cpu",
+        "--budget",
+        "1GiB",
+        "--search",
+        "seq_len",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        "config error: --search = seq_len: only a GPT has a seq_len (model.name = \"gpt\"); this \
+         config's model is simple\n"
+    );
+}
+
 #[test]
 fn find_batch_size_on_the_cpu_needs_a_budget() {
     let out = run(&[
