@@ -295,6 +295,21 @@ fn a_seq_len_sweep_tells_quadratic_attention_from_linear() {
         svg.contains("gpt-small-memory-efficient: linear, "),
         "{svg}"
     );
+    // A language model's rate is in tokens: sequences/s × seq_len.
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("report").join("report.json")).unwrap(),
+    )
+    .unwrap();
+    let table = std::fs::read_to_string(dir.join("report").join("report.md")).unwrap();
+    assert!(!table.contains("images/s"), "{table}");
+    let mut lines = table.lines().skip_while(|l| !l.starts_with("| config"));
+    let cells = |l: &str| -> Vec<String> { l.split('|').map(|c| c.trim().to_string()).collect() };
+    let header = cells(lines.next().unwrap());
+    let column = header.iter().position(|c| c == "tokens/s").expect(&table);
+    for (row, line) in report.as_array().unwrap().iter().zip(lines.skip(1)) {
+        let rate = row["images_per_sec"].as_f64().unwrap() * row["seq_len"].as_f64().unwrap();
+        assert_eq!(cells(line)[column], format!("{rate:.0}"), "{table}");
+    }
 }
 
 #[test]

@@ -49,7 +49,10 @@ fn columns(r: &Row) -> [(&'static str, String); 15] {
         ),
         (
             "images/s",
-            r.images_per_sec.map_or("—".into(), |v| format!("{v:.0}")),
+            // A language model's sample is a sequence: its rate is counted in tokens.
+            r.images_per_sec.map_or("—".into(), |v| {
+                format!("{:.0}", v * r.seq_len.unwrap_or(1) as f64)
+            }),
         ),
         (
             "final loss",
@@ -66,6 +69,14 @@ fn columns(r: &Row) -> [(&'static str, String); 15] {
         ),
         ("error", r.error.clone().unwrap_or_default()),
     ]
+}
+
+/// What the rate column counts: images (CNNs), tokens (language models), or each row its own.
+#[derive(Clone, Copy)]
+enum Rates {
+    Images,
+    Tokens,
+    Both,
 }
 
 /// The peak the ratios compare: the training peak (above what was resident before the
@@ -86,6 +97,11 @@ pub fn markdown(rows: &[Row]) -> String {
         return String::new();
     };
     let eval = rows.iter().any(|r| r.mistakes.is_some_and(Mistakes::any));
+    let rates = match rows.iter().filter(|r| r.seq_len.is_some()).count() {
+        0 => Rates::Images,
+        n if n == rows.len() => Rates::Tokens,
+        _ => Rates::Both,
+    };
     let table: Vec<Vec<(&str, String)>> = rows
         .iter()
         .map(|r| {
@@ -95,6 +111,23 @@ pub fn markdown(rows: &[Row]) -> String {
                 _ => "—".into(),
             };
             cells.insert(9, ("vs first", ratio));
+            if let Some(rate) = cells.iter_mut().find(|c| c.0 == "images/s") {
+                match (rates, r.seq_len) {
+                    (Rates::Images, _) => {}
+                    (Rates::Tokens, _) => rate.0 = "tokens/s",
+                    (Rates::Both, seq) => {
+                        rate.0 = "throughput";
+                        if rate.1 != "—" {
+                            let unit = if seq.is_some() {
+                                "tokens/s"
+                            } else {
+                                "images/s"
+                            };
+                            rate.1 = format!("{} {unit}", rate.1);
+                        }
+                    }
+                }
+            }
             if eval {
                 let peak = match (r.eval_peak_bytes, r.eval_added_bytes) {
                     (Some(p), Some(a)) => format!("{} (+{} by eval)", human(p), human(a)),
