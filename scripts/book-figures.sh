@@ -327,5 +327,12 @@ compare gpt-seq-len --charts seq_len,memory configs/gpt-small.toml \
 compare gpt-checkpointing --charts memory,timeline configs/gpt-small.toml \
   configs/gpt-small-amp.toml --backend cpu --steps 10 --sweep memory.checkpointing=none,blocks \
   --set data.corpus_bytes=262144 --set data.eval_size=4
+output gpt-find-seq-len trainer find-batch-size --config configs/gpt-small.toml --backend cpu \
+  --budget 512MiB --search seq_len --set data.corpus_bytes=262144 --set data.eval_size=4 \
+  --set train.output_dir=target/book-figures/gpt-find-seq-len
+output gpt-find-seq-len-me trainer find-batch-size \
+  --config configs/gpt-small-memory-efficient.toml --backend cpu --budget 512MiB \
+  --search seq_len --set data.corpus_bytes=262144 --set data.eval_size=4 \
+  --set train.output_dir=target/book-figures/gpt-find-seq-len-me
 
 exit $drift
