@@ -309,16 +309,6 @@ fn a_seq_len_sweep_tells_quadratic_attention_from_linear() {
     for (row, line) in report.as_array().unwrap().iter().zip(lines.skip(1)) {
         let rate = row["images_per_sec"].as_f64().unwrap() * row["seq_len"].as_f64().unwrap();
         assert_eq!(cells(line)[column], format!("{rate:.0}"), "{table}");
-        // The estimate holds at every sweep point, the quadratic ones included.
-        let (peak, predicted) = (
-            row["peak_bytes"].as_f64().unwrap(),
-            row["predicted_peak_bytes"].as_f64().unwrap(),
-        );
-        assert!(
-            (peak / predicted - 1.0).abs() <= 0.10,
-            "{}: measured {peak}, predicted {predicted}",
-            row["name"]
-        );
     }
 }
 
