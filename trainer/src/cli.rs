@@ -268,11 +268,13 @@ fn at_least_one(text: &str) -> Result<usize, String> {
 
 /// A micro-batch for `--max-batch`: 1 to `train.batch_size`'s bound.
 fn batch_bound(text: &str) -> Result<usize, String> {
-    let max = crate::config::MAX_BATCH;
+    at_most(text, crate::config::MAX_BATCH, "train.batch_size")
+}
+
+/// At least 1, at most `max`, the bound of the config key `key`.
+fn at_most(text: &str, max: usize, key: &str) -> Result<usize, String> {
     match at_least_one(text)? {
-        n if n > max => Err(format!(
-            "must be at most {max} (the bound of train.batch_size)"
-        )),
+        n if n > max => Err(format!("must be at most {max} (the bound of {key})")),
         n => Ok(n),
     }
 }
@@ -290,13 +292,7 @@ pub enum SearchKey {
 
 /// `--max-seq-len`: at least 1, at most model.seq_len's bound.
 fn seq_len_bound(text: &str) -> Result<usize, String> {
-    let max = burn_models::gpt::MAX_SEQ_LEN;
-    match at_least_one(text)? {
-        n if n > max => Err(format!(
-            "must be at most {max} (the bound of model.seq_len)"
-        )),
-        n => Ok(n),
-    }
+    at_most(text, burn_models::gpt::MAX_SEQ_LEN, "model.seq_len")
 }
 
 /// A fraction in [0, 1) (`--margin`).

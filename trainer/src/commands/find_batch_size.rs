@@ -321,8 +321,9 @@ pub fn find(search: &Search, interrupt: &Interrupt) -> anyhow::Result<Found> {
 impl Found {
     /// The answer for the terminal.
     pub fn describe(&self, config: &str) -> String {
-        let mut out = match (self.searched, self.seq_len) {
-            ("model.seq_len", Some(s)) => format!(
+        // A batch search suggests an accumulation; a seq_len search has none.
+        let mut out = match (&self.accumulation, self.seq_len) {
+            (None, Some(s)) => format!(
                 "longest seq_len that fits at micro-batch {}: {s}",
                 self.batch_size
             ),
