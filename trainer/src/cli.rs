@@ -81,7 +81,7 @@ pub enum Command {
   trainer compare configs/amp.toml configs/amp-free-cache.toml --backend wgpu --steps 5")]
     Compare(CompareArgs),
 
-    /// Find the largest micro-batch that fits, by trial steps at growing then bisected sizes,
+    /// Find the largest micro-batch that fits, by two-step trials at growing then bisected sizes,
     /// each in a fresh process; suggests the accum_steps that keeps the effective batch. With
     /// `--search seq_len`, the longest sequence a GPT config fits at its micro-batch instead.
     #[command(after_help = "Examples:

@@ -1,9 +1,11 @@
 //! `trainer find-batch-size`: the seed article's "halve the batch until the error goes away",
-//! done properly. Trial steps at growing, then bisected, micro-batch sizes, each in a fresh
-//! child process (a CUDA out-of-memory error is caught there and its memory released). On the
-//! CPU there is no device limit, so the budget decides: a trial fits when its measured peak is
-//! within the budget less a safety margin. A signal is forwarded to the running trial; the
-//! search then stops with the trials so far and the largest size that fitted.
+//! done properly. Trials at growing, then bisected, micro-batch sizes, each in a fresh child
+//! process (a CUDA out-of-memory error is caught there and its memory released), each two
+//! optimizer steps: the optimizer makes its state in its first update, so only the second
+//! step's backward holds everything a real run's steps do. On the CPU there is no device
+//! limit, so the budget decides: a trial fits when its measured peak is within the budget less
+//! a safety margin. A signal is forwarded to the running trial; the search then stops with the
+//! trials so far and the largest size that fitted.
 //!
 //! `--search seq_len` searches a GPT's `model.seq_len` the same way at the config's
 //! micro-batch: how long a context fits.
@@ -23,6 +25,9 @@ use crate::config::{self, Purpose};
 use crate::memory::human;
 use crate::outputs;
 use crate::training::interrupt::{Interrupt, Stopped};
+
+/// Optimizer steps per trial: the second is the first with the optimizer's state.
+const TRIAL_STEPS: usize = 2;
 
 impl SearchKey {
     /// The key a trial sets.
@@ -190,7 +195,7 @@ pub fn find(search: &Search, interrupt: &Interrupt) -> anyhow::Result<Found> {
             .args
             .clone()
             .set(format!("{}={v}", key.setting()))
-            .max_steps(1)
+            .max_steps(TRIAL_STEPS)
             .trial();
         if key == SearchKey::BatchSize {
             // One micro-batch per step: the accumulation is what the answer suggests.

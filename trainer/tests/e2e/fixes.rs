@@ -275,8 +275,9 @@ fn a_seq_len_sweep_tells_quadratic_attention_from_linear() {
         "configs/gpt-small-memory-efficient.toml",
         "--backend",
         "cpu",
+        // Two: the optimizer's state, which the estimate counts, is made in the first update.
         "--steps",
-        "1",
+        "2",
         "--sweep",
         "model.seq_len=32,64,128",
         "--set",
@@ -309,6 +310,16 @@ fn a_seq_len_sweep_tells_quadratic_attention_from_linear() {
     for (row, line) in report.as_array().unwrap().iter().zip(lines.skip(1)) {
         let rate = row["images_per_sec"].as_f64().unwrap() * row["seq_len"].as_f64().unwrap();
         assert_eq!(cells(line)[column], format!("{rate:.0}"), "{table}");
+        // The estimate holds at every sweep point, the quadratic ones included.
+        let (peak, predicted) = (
+            row["peak_bytes"].as_f64().unwrap(),
+            row["predicted_peak_bytes"].as_f64().unwrap(),
+        );
+        assert!(
+            (peak / predicted - 1.0).abs() <= 0.10,
+            "{}: measured {peak}, predicted {predicted}",
+            row["name"]
+        );
     }
 }
 
@@ -336,6 +347,20 @@ fn compare_sweeps_one_key_and_dry_runs_without_training() {
     assert!(!out.exists(), "a dry run writes nothing");
     let done = run(&[&base[..], &SMALL[..], &["--out", &out_arg]].concat());
     assert!(done.status.success(), "{}", stderr(&done));
+    // One step measures no optimizer state: the report says so.
+    assert!(
+        String::from_utf8_lossy(&done.stdout).contains("\nNote: one step: the optimizer makes"),
+        "{}",
+        String::from_utf8_lossy(&done.stdout)
+    );
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(
+        md.lines()
+            .next()
+            .unwrap()
+            .ends_with("to check the estimate)"),
+        "{md}"
+    );
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
     assert_eq!(report[0]["name"], "f32 batch_size=8");
@@ -463,6 +488,22 @@ fn find_batch_size_finds_the_largest_micro_batch_under_the_budget() {
     assert!(
         !dir.join("find-batch-size").exists(),
         "trial runs are cleaned up"
+    );
+    // The answer's trial peaked where a real run at that size peaks: with the optimizer's
+    // state, which a one-step trial would not have made yet.
+    let trial = trials.iter().find(|t| t["batch_size"] == best).unwrap();
+    let batch = format!("train.batch_size={best}");
+    let mut real = vec!["--config", "configs/f32.toml", "--backend", "cpu"];
+    real.extend(SMALL);
+    real.extend(["--max-steps", "3", "--set", &batch]);
+    let (_, s) = train("find-real", &real);
+    let (trial, real) = (
+        trial["peak_bytes"].as_f64().unwrap(),
+        s["peak_bytes"].as_f64().unwrap(),
+    );
+    assert!(
+        (trial / real - 1.0).abs() < 0.01,
+        "trial peak {trial} vs a run's {real}"
     );
 }
 

@@ -362,6 +362,12 @@ pub fn run_plan(plan: &Plan, interrupt: &Interrupt) -> anyhow::Result<Ran> {
     })
 }
 
+/// Why a one-step compare measures less than it predicts: the optimizer makes its state
+/// (Adam's moments, SGD's momentum) in its first update, after that step's backward peak.
+const ONE_STEP: &str = "one step: the optimizer makes its state in its first update, after \
+    that step's backward peak, so a one-step peak can sit below \"predicted\", which is every \
+    later step's peak: use --steps 2 or more to check the estimate";
+
 /// `trainer compare`: runs the plan, prints the table and writes the reports; stopped by a
 /// signal, the reports of the configs that finished.
 pub fn run(args: CompareArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()> {
@@ -409,7 +415,7 @@ pub fn run(args: CompareArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Resul
     let ran = run_plan(&plan, interrupt)?;
     let rows = ran.rows;
     let signal = interrupt.requested().filter(|_| rows.len() < ran.planned);
-    let heading = format!(
+    let mut heading = format!(
         "`trainer compare {}` — {} optimizer steps per config, backend {}",
         plan.configs
             .iter()
@@ -420,6 +426,9 @@ pub fn run(args: CompareArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Resul
         plan.backend
             .map_or("as each config says", BackendKind::name)
     );
+    if plan.steps == 1 {
+        heading.push_str(&format!(" ({ONE_STEP})"));
+    }
     if let Some(signal) = signal {
         let mut what = format!("{} of {} configs finished; ", rows.len(), ran.planned);
         if rows.is_empty() {
@@ -441,6 +450,9 @@ pub fn run(args: CompareArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Resul
         return Err(Stopped { signal, what }.into());
     }
     print!("{}", report::markdown(&rows));
+    if plan.steps == 1 {
+        println!("Note: {ONE_STEP}.");
+    }
     report::write_all(&rows, &plan.out, &heading, plan.note.as_deref())?;
     let failed = rows.iter().filter(|r| r.error.is_some()).count();
     println!(
