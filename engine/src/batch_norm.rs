@@ -52,8 +52,8 @@ pub(crate) fn batch_norm_plain<B: Kernels>(
 
 /// Evaluation-mode batch norm composed from tensor ops: `x` normalised with the running
 /// `mean` and `var` (`[channels]`), scaled and shifted, computed in `work` and returned in
-/// `x`'s dtype.
-pub(crate) fn inference_composed<B: Backend>(
+/// `x`'s dtype. Backends without kernel hooks run it; the CPU kernels are tested against it.
+pub fn inference_composed<B: Backend>(
     x: FloatTensor<B>,
     [gamma, beta, mean, var]: [FloatTensor<B>; 4],
     work: DType,
@@ -72,11 +72,15 @@ pub(crate) fn inference_composed<B: Backend>(
 }
 
 /// Everything the forward pass computes; the autodiff op keeps `mean` and `rstd`.
-pub(crate) struct Forward<B: Backend> {
-    pub(crate) output: FloatTensor<B>,
-    pub(crate) mean: FloatTensor<B>,
-    pub(crate) var: FloatTensor<B>,
-    pub(crate) rstd: FloatTensor<B>,
+pub struct Forward<B: Backend> {
+    /// Normalised, scaled and shifted input, in its dtype.
+    pub output: FloatTensor<B>,
+    /// Per-channel batch mean, in the working dtype.
+    pub mean: FloatTensor<B>,
+    /// Per-channel biased batch variance, in the working dtype.
+    pub var: FloatTensor<B>,
+    /// Per-channel 1/√(var + ε), in the working dtype.
+    pub rstd: FloatTensor<B>,
 }
 
 /// Mean over batch, height and width, one axis at a time: the partial sums stay small, so a
@@ -103,7 +107,9 @@ fn flat<B: Backend>(v: Tensor<B, 4>) -> FloatTensor<B> {
     prim(v.reshape([c]))
 }
 
-pub(crate) fn forward<B: Kernels>(
+/// Training-mode batch norm composed from tensor ops, computed in `work`: what backends without
+/// kernel hooks run, and the reference the CPU kernels are tested against.
+pub fn forward<B: Kernels>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     beta: FloatTensor<B>,
@@ -169,8 +175,9 @@ pub(crate) fn recompute<B: Kernels>(
     prim(cast(scale_shift(centered, rstd, gamma, beta, work), dtype))
 }
 
-/// Gradients of x, γ and β from the saved input and statistics.
-pub(crate) fn backward<B: Kernels>(
+/// Gradients `[dx, dγ, dβ]` of [`forward`] from the saved input and statistics, composed from
+/// tensor ops in the statistics' working dtype (`dx` in `x`'s dtype, dγ and dβ in γ's).
+pub fn backward<B: Kernels>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     state: &SavedStats<B>,
@@ -216,10 +223,13 @@ pub(crate) fn relu_backward<B: Kernels>(
 
 /// Per-channel statistics the backward pass needs, in the working dtype.
 #[derive(Clone, Debug)]
-pub(crate) struct SavedStats<B: Backend> {
-    pub(crate) mean: FloatTensor<B>,
-    pub(crate) rstd: FloatTensor<B>,
-    pub(crate) work: DType,
+pub struct SavedStats<B: Backend> {
+    /// Per-channel batch mean.
+    pub mean: FloatTensor<B>,
+    /// Per-channel 1/√(var + ε).
+    pub rstd: FloatTensor<B>,
+    /// The dtype batch norm computes in.
+    pub work: DType,
 }
 
 #[derive(Debug)]

@@ -227,6 +227,10 @@ impl Kernels for Flex {
                 let [g, b, m, v] = &params;
                 flex_kernels::batch_norm_inference(&x, [g, b, m, v], epsilon)
             }
+            DType::F16 | DType::BF16 => {
+                let [g, b, m, v] = &params;
+                flex_kernels::batch_norm_inference_half(&x, [g, b, m, v], work, epsilon)
+            }
             _ => None,
         };
         direct.unwrap_or_else(|| {
@@ -244,6 +248,9 @@ impl Kernels for Flex {
     ) -> [FloatTensor<Self>; 4] {
         let direct = match work {
             DType::F32 => flex_kernels::batch_norm_forward(&x, &gamma, &beta, epsilon, false),
+            DType::F16 | DType::BF16 => {
+                flex_kernels::batch_norm_forward_half(&x, &gamma, &beta, work, epsilon)
+            }
             _ => None,
         };
         // Flex's ops walk a channels-last tensor value by value: channels first for them.
@@ -265,6 +272,9 @@ impl Kernels for Flex {
         let direct = match work {
             DType::F32 => {
                 flex_kernels::batch_norm_backward(&x, &dout, [&gamma, &gamma, &mean, &rstd], false)
+            }
+            DType::F16 | DType::BF16 => {
+                flex_kernels::batch_norm_backward_half(&x, &dout, &gamma, [&mean, &rstd], work)
             }
             _ => None,
         };

@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 mod bias;
+mod bn_half;
 mod bn_relu;
 mod channels_last;
 mod conv;
@@ -29,6 +30,7 @@ mod rows;
 mod values;
 
 pub use bias::{add_bias, bias_grad};
+pub use bn_half::{batch_norm_backward_half, batch_norm_forward_half, batch_norm_inference_half};
 pub use bn_relu::{
     batch_norm_backward, batch_norm_forward, batch_norm_inference, bn_relu_backward,
     bn_relu_forward,

@@ -198,3 +198,139 @@ fn evaluation_matches_burns_batch_norm() {
         }
     }
 }
+
+/// Batch norm in a half working dtype (`batch_norm_f32 = false`) as the CPU kernel computes it
+/// (`flex-kernels/src/bn_half.rs`) against the composed tensor ops it replaces, both on Flex:
+/// the training forward (output and statistics), the backward (dx, dγ, dβ) and evaluation, in
+/// f16 and bf16, on channels-first and channels-last inputs, with a channel whose variance is
+/// below ε (subnormal in f16) and one far from zero. Both round every element-wise result to
+/// the working dtype and sum each mean's axes in f32 one at a time; the sums may add in
+/// another order, so a half value may differ by one unit in its last place, and what is
+/// computed from it by as much again.
+#[test]
+fn half_batch_norm_kernel_equals_the_composed_ops() {
+    use burn::tensor::TensorPrimitive;
+    use oomlab_engine::batch_norm;
+    use oomlab_engine::Kernels;
+
+    type P = Flex;
+    let device = Default::default();
+    let (n, c, h, w) = (5, 7, 6, 9);
+    let prim = |t: Tensor<P, 4>| t.into_primitive().tensor();
+    let vec_prim = |t: Tensor<P, 1>| t.into_primitive().tensor();
+    let f32s = |p| -> Vec<f32> {
+        let t = Tensor::<P, 1>::from_primitive(TensorPrimitive::Float(p));
+        t.cast(DType::F32).into_data().to_vec().unwrap()
+    };
+    let f32s4 = |p| -> Vec<f32> {
+        let t = Tensor::<P, 4>::from_primitive(TensorPrimitive::Float(p));
+        t.cast(DType::F32).into_data().to_vec().unwrap()
+    };
+    // Channel 0 varies by 1e-3 (variance 1e-6 < ε), channel 1 sits 300 from zero.
+    let spread = Tensor::<P, 1>::from_floats([1e-3, 1.0, 1.0, 2.0, 0.5, 1.0, 3.0], &device);
+    let offset = Tensor::<P, 1>::from_floats([0.0, 300.0, -2.0, 1.0, 0.0, 5.0, -1.0], &device);
+    let x = Tensor::<P, 4>::random([n, c, h, w], Distribution::Normal(0.0, 1.0), &device)
+        * spread.reshape([1, c, 1, 1])
+        + offset.reshape([1, c, 1, 1]);
+    let dout = Tensor::<P, 4>::random([n, c, h, w], Distribution::Normal(0.0, 1.0), &device);
+    let gamma = Tensor::<P, 1>::random([c], Distribution::Uniform(0.5, 1.5), &device);
+    let beta = Tensor::<P, 1>::random([c], Distribution::Uniform(-0.5, 0.5), &device);
+    let running = [
+        Tensor::<P, 1>::random([c], Distribution::Uniform(-1.0, 1.0), &device),
+        Tensor::<P, 1>::random([c], Distribution::Uniform(1e-6, 2.0), &device),
+    ];
+    for work in [DType::F16, DType::BF16] {
+        // A value apart by at most `units` of the working dtype's last place at its size.
+        let ulp = |v: f32| {
+            let bits = if work == DType::F16 { 10 } else { 7 };
+            let floor = if work == DType::F16 { -24.0 } else { -133.0 };
+            (v.abs().max(f32::MIN_POSITIVE).log2().floor() - bits as f32)
+                .max(floor)
+                .exp2()
+        };
+        let close = |what: &str, ours: &[f32], theirs: &[f32], units: f32| {
+            assert_eq!(ours.len(), theirs.len(), "{what}");
+            for (k, (a, b)) in ours.iter().zip(theirs).enumerate() {
+                assert!(
+                    (a - b).abs() <= units * ulp(*b),
+                    "{work:?} {what}[{k}]: {a} vs {b}"
+                );
+            }
+        };
+        let xw = x.clone().cast(work);
+        let dw = dout.clone().cast(work);
+        let last = |t: Tensor<P, 4>| {
+            Tensor::<P, 4>::from_data(t.permute([0, 2, 3, 1]).into_data(), &device)
+                .permute([0, 3, 1, 2])
+        };
+        let composed = batch_norm::forward::<P>(
+            prim(xw.clone()),
+            vec_prim(gamma.clone()),
+            vec_prim(beta.clone()),
+            work,
+            1e-5,
+        );
+        let (y, mean, var, rstd) = (
+            f32s4(composed.output),
+            f32s(composed.mean.clone()),
+            f32s(composed.var),
+            f32s(composed.rstd.clone()),
+        );
+        let stats = batch_norm::SavedStats {
+            mean: composed.mean,
+            rstd: composed.rstd,
+            work,
+        };
+        let [dx, dgamma, dbeta] = batch_norm::backward::<P>(
+            prim(xw.clone()),
+            vec_prim(gamma.clone()),
+            &stats,
+            prim(dw.clone()),
+        );
+        let (dx, dgamma, dbeta) = (f32s4(dx), f32s(dgamma), f32s(dbeta));
+        let params = || {
+            [
+                vec_prim(gamma.clone()),
+                vec_prim(beta.clone()),
+                vec_prim(running[0].clone()),
+                vec_prim(running[1].clone()),
+            ]
+        };
+        let eval = f32s4(batch_norm::inference_composed::<P>(
+            prim(xw.clone()),
+            params(),
+            work,
+            1e-5,
+        ));
+        for (layout, xs, ds) in [
+            ("channels first", xw.clone(), dw.clone()),
+            ("channels last", last(xw.clone()), last(dw.clone())),
+        ] {
+            let [oy, omean, ovar, orstd] = <P as Kernels>::batch_norm_forward(
+                prim(xs.clone()),
+                vec_prim(gamma.clone()),
+                vec_prim(beta.clone()),
+                work,
+                1e-5,
+            );
+            close(&format!("{layout} mean"), &f32s(omean.clone()), &mean, 1.0);
+            close(&format!("{layout} var"), &f32s(ovar), &var, 1.0);
+            close(&format!("{layout} rstd"), &f32s(orstd.clone()), &rstd, 2.0);
+            close(&format!("{layout} output"), &f32s4(oy), &y, 2.0);
+            let [odx, odgamma, odbeta] = <P as Kernels>::batch_norm_backward(
+                prim(xs.clone()),
+                vec_prim(gamma.clone()),
+                [omean, orstd],
+                work,
+                prim(ds),
+            );
+            close(&format!("{layout} dx"), &f32s4(odx), &dx, 4.0);
+            // Made in f32 from the half means: a unit of the half type, times the count.
+            let count = (n * h * w) as f32;
+            close(&format!("{layout} dγ"), &f32s(odgamma), &dgamma, count);
+            close(&format!("{layout} dβ"), &f32s(odbeta), &dbeta, count);
+            let oeval = <P as Kernels>::batch_norm_inference(prim(xs), params(), work, 1e-5);
+            close(&format!("{layout} evaluation"), &f32s4(oeval), &eval, 0.0);
+        }
+    }
+}
