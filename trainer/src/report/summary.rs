@@ -66,6 +66,9 @@ pub struct Summary {
     /// A language model's eval perplexity, `exp(eval_loss)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_perplexity: Option<f64>,
+    /// The last evaluation's speed: images (a language model: tokens) per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_per_sec: Option<f64>,
     pub wall_seconds: f64,
     pub checkpoint: String,
     /// `memory.free_cache`: when cached device memory was released.
@@ -167,6 +170,7 @@ impl Summary {
             eval_loss: eval.map_or(f64::NAN, |e| e.loss),
             eval_accuracy: eval.map_or(f64::NAN, |e| e.accuracy),
             eval_perplexity: eval.and_then(|e| e.perplexity),
+            eval_per_sec: eval.map(|e| e.per_sec),
             wall_seconds: record.wall_seconds(),
             checkpoint: crate::training::checkpoint::dir(&t.output_dir)
                 .display()
@@ -242,6 +246,17 @@ impl Summary {
                 "eval perplexity",
                 self.eval_perplexity
                     .map_or(String::new(), |p| format!("{p:.3}")),
+            ),
+            (
+                "eval speed",
+                self.eval_per_sec.map_or(String::new(), |r| {
+                    let unit = if self.tokens_per_sec.is_some() {
+                        "tokens/s"
+                    } else {
+                        "images/s"
+                    };
+                    format!("{r:.0} {unit}")
+                }),
             ),
             ("wall time", format!("{:.1} s", self.wall_seconds)),
             ("checkpoint", self.checkpoint.clone()),

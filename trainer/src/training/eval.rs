@@ -19,6 +19,8 @@ pub struct EvalResult {
     /// A language model's perplexity, `exp(loss)`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub perplexity: Option<f64>,
+    /// Predictions per second of wall time (images, or a language model's tokens).
+    pub per_sec: f64,
 }
 
 /// Evaluates `model` on the eval split of `splits`: normally `valid()`, so batch norm uses its running statistics
@@ -36,6 +38,7 @@ pub fn evaluate<B: ModelBackend>(
     let (mut loss_sum, mut correct, mut predictions) = (0.0, 0usize, 0usize);
     let mut kept = KeptLosses::<B>::new(keep_losses);
     let indices: Vec<usize> = (0..splits.len(Split::Eval)).collect();
+    let started = std::time::Instant::now();
     for chunk in indices.chunks(batch_size) {
         let (logits, labels) = model.predict(splits.batch::<B>(Split::Eval, chunk, device), cx);
         let n = labels.dims()[0];
@@ -60,5 +63,6 @@ pub fn evaluate<B: ModelBackend>(
         loss,
         accuracy: correct as f64 / n,
         perplexity: model.is_language_model().then(|| loss.exp()),
+        per_sec: predictions as f64 / started.elapsed().as_secs_f64().max(1e-9),
     }
 }

@@ -51,6 +51,13 @@ fn a_tiny_gpt_learns_the_built_in_corpus() {
     assert!((tokens - 32.0 * images).abs() < 1e-6 * tokens, "{s}");
     assert!(stdout.contains("tokens/s") && stdout.contains("eval perplexity"));
     assert!(!stdout.contains("images/s"), "{stdout}");
+    // Evaluation's speed counts tokens too.
+    let eval_rate = s["eval_per_sec"].as_f64().unwrap();
+    assert_eq!(
+        table_value(&stdout, "eval speed"),
+        Some(format!("{eval_rate:.0} tokens/s")),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -83,6 +90,13 @@ fn simple_model_learns_the_synthetic_data() {
     assert_eq!(s["config"], "configs/f32.toml");
     assert!(s["images_per_sec"].as_f64().unwrap() > 0.0);
     assert!(s["wall_seconds"].as_f64().unwrap() > 0.0);
+    let eval_rate = s["eval_per_sec"].as_f64().unwrap();
+    assert!(eval_rate > 0.0, "{s}");
+    assert_eq!(
+        table_value(&stdout, "eval speed"),
+        Some(format!("{eval_rate:.0} images/s")),
+        "{stdout}"
+    );
     assert!(
         s["final_train_loss"].as_f64().unwrap() < 0.6 * CHANCE_LOSS,
         "{s}"
