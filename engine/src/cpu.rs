@@ -297,6 +297,11 @@ impl Kernels for Flex {
     ) -> [FloatTensor<Self>; 4] {
         let direct = match work {
             DType::F32 => flex_kernels::bn_relu_forward(&z, &gamma, &beta, epsilon),
+            // Batch norm in a half dtype, then the ReLU: what the composed layers compute.
+            DType::F16 | DType::BF16 => {
+                flex_kernels::batch_norm_forward_half(&z, &gamma, &beta, work, epsilon)
+                    .map(|[y, mean, var, rstd]| [Self::float_relu(y), mean, var, rstd])
+            }
             _ => None,
         };
         direct.unwrap_or_else(|| batch_norm::forward_relu::<Self>(z, gamma, beta, work, epsilon))
@@ -313,6 +318,15 @@ impl Kernels for Flex {
     ) -> [FloatTensor<Self>; 3] {
         let direct = match work {
             DType::F32 => flex_kernels::bn_relu_backward(&z, &dout, [&gamma, &beta, &mean, &rstd]),
+            DType::F16 | DType::BF16 => {
+                let stats = [&mean, &rstd];
+                flex_kernels::batch_norm_recompute_half(&z, &gamma, &beta, stats, work).and_then(
+                    |y| {
+                        let dy = Self::float_relu_backward(y, flex_kernels::channels_last(&dout));
+                        flex_kernels::batch_norm_backward_half(&z, &dy, &gamma, stats, work)
+                    },
+                )
+            }
             _ => None,
         };
         direct.unwrap_or_else(|| {

@@ -95,6 +95,32 @@ pub fn batch_norm_inference_half(
     Some(relabel(out, dims))
 }
 
+/// [`batch_norm_forward_half`]'s output again from `x` and the saved `mean` and `rstd` (`[c]`,
+/// in `work`): the same bits, for a fused block's backward to rebuild its ReLU's mask. `None`
+/// for anything else.
+pub fn batch_norm_recompute_half(
+    x: &FlexTensor,
+    gamma: &FlexTensor,
+    beta: &FlexTensor,
+    [mean, rstd]: [&FlexTensor; 2],
+    work: DType,
+) -> Option<FlexTensor> {
+    let dims = dims4(x)?;
+    let c = dims[1];
+    let [gamma, beta, mean, rstd] = [
+        vector(gamma, c)?,
+        vector(beta, c)?,
+        vector(mean, c)?,
+        vector(rstd, c)?,
+    ];
+    if !half(work) || !supported(x) || dims.contains(&0) {
+        return None;
+    }
+    let x = channels_last(x);
+    let out = normalize(&x, work, [&mean, &rstd, &gamma, &beta]);
+    Some(relabel(out, dims))
+}
+
 /// `[dx, dγ, dβ]` of [`batch_norm_forward_half`] for the output's gradient `dout` (same shape
 /// as `x`), from `x`, `gamma` and the saved `mean` and `rstd` (`[c]`): `dx` in `x`'s dtype,
 /// channels last; `dγ` and `dβ` in `gamma`'s dtype, made in f32 from the `work` means.

@@ -30,7 +30,10 @@ mod rows;
 mod values;
 
 pub use bias::{add_bias, bias_grad};
-pub use bn_half::{batch_norm_backward_half, batch_norm_forward_half, batch_norm_inference_half};
+pub use bn_half::{
+    batch_norm_backward_half, batch_norm_forward_half, batch_norm_inference_half,
+    batch_norm_recompute_half,
+};
 pub use bn_relu::{
     batch_norm_backward, batch_norm_forward, batch_norm_inference, bn_relu_backward,
     bn_relu_forward,
