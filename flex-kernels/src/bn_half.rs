@@ -37,7 +37,7 @@ pub fn batch_norm_forward_half(
 ) -> Option<[FlexTensor; 4]> {
     let dims = dims4(x)?;
     let c = dims[1];
-    let (gamma, beta) = (vector(gamma, c)?, vector(beta, c)?);
+    let (gamma, beta) = (vector(gamma, c, work)?, vector(beta, c, work)?);
     if !half(work) || !supported(x) || dims.contains(&0) {
         return None;
     }
@@ -72,19 +72,14 @@ pub fn batch_norm_inference_half(
     let dims = dims4(x)?;
     let c = dims[1];
     let [gamma, beta, mean, var] = [
-        vector(gamma, c)?,
-        vector(beta, c)?,
-        vector(mean, c)?,
-        vector(var, c)?,
+        vector(gamma, c, work)?,
+        vector(beta, c, work)?,
+        vector(mean, c, work)?,
+        vector(var, c, work)?,
     ];
     if !half(work) || !supported(x) || dims.contains(&0) {
         return None;
     }
-    let round = |mut v: Vec<f32>| {
-        round_through(&mut v, work);
-        v
-    };
-    let (mean, var) = (round(mean), round(var));
     let eps = one(epsilon as f32, work);
     let rstd: Vec<f32> = var
         .iter()
@@ -108,10 +103,10 @@ pub fn batch_norm_recompute_half(
     let dims = dims4(x)?;
     let c = dims[1];
     let [gamma, beta, mean, rstd] = [
-        vector(gamma, c)?,
-        vector(beta, c)?,
-        vector(mean, c)?,
-        vector(rstd, c)?,
+        vector(gamma, c, work)?,
+        vector(beta, c, work)?,
+        vector(mean, c, work)?,
+        vector(rstd, c, work)?,
     ];
     if !half(work) || !supported(x) || dims.contains(&0) {
         return None;
@@ -135,7 +130,11 @@ pub fn batch_norm_backward_half(
     let dims = dims4(x)?;
     let c = dims[1];
     let param = gamma.dtype();
-    let [gamma, mean, rstd] = [vector(gamma, c)?, vector(mean, c)?, vector(rstd, c)?];
+    let [gamma, mean, rstd] = [
+        vector(gamma, c, work)?,
+        vector(mean, c, work)?,
+        vector(rstd, c, work)?,
+    ];
     if !half(work) || !supported(x) || !supported(dout) || dims4(dout)? != dims {
         return None;
     }
@@ -159,6 +158,7 @@ pub fn batch_norm_backward_half(
         }
         round_through(buf, work);
     });
+    // r(γ)·ρ: γ is rounded to `work` (by `vector`) as the composed ops cast it.
     let mut scale: Vec<f32> = gamma.iter().zip(&rstd).map(|(g, r)| g * r).collect();
     round_through(&mut scale, work);
 
@@ -199,10 +199,15 @@ fn one(v: f32, work: DType) -> f32 {
     v[0]
 }
 
-/// A contiguous `[c]` float vector's values as f32, or `None`.
-fn vector(v: &FlexTensor, c: usize) -> Option<Vec<f32>> {
-    (supported(v) && v.layout().is_contiguous() && v.layout().shape().to_vec() == [c])
-        .then(|| values(v, 0, c).into_owned())
+/// A contiguous `[c]` float vector's values cast to `work` (as the composed ops cast every
+/// per-channel operand), as f32, or `None`.
+fn vector(v: &FlexTensor, c: usize, work: DType) -> Option<Vec<f32>> {
+    let ok = supported(v) && v.layout().is_contiguous() && v.layout().shape().to_vec() == [c];
+    ok.then(|| {
+        let mut v = values(v, 0, c).into_owned();
+        round_through(&mut v, work);
+        v
+    })
 }
 
 /// `f(value, vector[channel])` for every value of `rows` (whole rows of channels), rounded to
@@ -285,18 +290,12 @@ fn staged_mean(
     mean
 }
 
-/// `r(r(r(x − μ)·r(ρ·γ)) + β)` over a channels-last `x` (γ and β rounded to `work` first), in
+/// `r(r(r(x − μ)·r(ρ·γ)) + β)` over a channels-last `x` (the vectors already in `work`), in
 /// `x`'s dtype.
 fn normalize(x: &FlexTensor, work: DType, [mean, rstd, gamma, beta]: [&[f32]; 4]) -> FlexTensor {
     let dims = dims4(x).expect("a 4-D tensor");
     let c = dims[1];
-    let round = |v: &[f32]| {
-        let mut v = v.to_vec();
-        round_through(&mut v, work);
-        v
-    };
-    let (gamma, beta) = (round(gamma), round(beta));
-    let mut scale: Vec<f32> = rstd.iter().zip(&gamma).map(|(r, g)| r * g).collect();
+    let mut scale: Vec<f32> = rstd.iter().zip(gamma).map(|(r, g)| r * g).collect();
     round_through(&mut scale, work);
     let load = Load { t: x, work };
     let per = task_rows(c) * c;
@@ -310,7 +309,7 @@ fn normalize(x: &FlexTensor, work: DType, [mean, rstd, gamma, beta]: [&[f32]; 4]
             load.into(i * per, out);
             per_row(out, mean, work, |v, m| v - m);
             per_row(out, &scale, work, |v, s| v * s);
-            per_row(out, &beta, work, |v, b| v + b);
+            per_row(out, beta, work, |v, b| v + b);
         },
     )
 }

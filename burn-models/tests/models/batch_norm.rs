@@ -324,7 +324,16 @@ fn half_batch_norm_kernel_equals_the_composed_ops() {
                 work,
                 prim(ds),
             );
-            close(&format!("{layout} dx"), &f32s4(odx), &dx, 4.0);
+            let odx = f32s4(odx);
+            close(&format!("{layout} dx"), &odx, &dx, 2.0);
+            // The same arithmetic: only where a mean's sum order moved a rounding may a value
+            // differ at all.
+            let moved = odx.iter().zip(&dx).filter(|(a, b)| a != b).count();
+            assert!(
+                moved * 50 <= dx.len(),
+                "{work:?} {layout}: {moved} of {} dx values differ",
+                dx.len()
+            );
             // Made in f32 from the half means: a unit of the half type, times the count.
             let count = (n * h * w) as f32;
             close(&format!("{layout} dγ"), &f32s(odgamma), &dgamma, count);

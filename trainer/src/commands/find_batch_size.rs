@@ -55,7 +55,7 @@ impl SearchKey {
     }
 }
 
-/// One trial step.
+/// One trial: a run of [`TRIAL_STEPS`] steps at one size.
 #[derive(Debug, Clone, Serialize)]
 pub struct Trial {
     pub batch_size: usize,

@@ -181,7 +181,7 @@ where
             record.memory(probe.last_step());
             position.window += 1;
             let stop = options.interrupt.and_then(Interrupt::requested);
-            // A trial takes one step and keeps nothing: it ends as it would have.
+            // A trial takes a few steps and keeps nothing: it ends as it would have.
             let stop = stop.filter(|_| !options.trial);
             if stop.is_some() || every(outcome, &stepper) {
                 save(&model, &stepper, position, &record)?;
