@@ -35,12 +35,8 @@ pub fn batch_norm_forward_half(
     work: DType,
     epsilon: f64,
 ) -> Option<[FlexTensor; 4]> {
-    let dims = dims4(x)?;
+    let (dims, [gamma, beta]) = operands(x, [gamma, beta], work)?;
     let c = dims[1];
-    let (gamma, beta) = (vector(gamma, c, work)?, vector(beta, c, work)?);
-    if !half(work) || !supported(x) || dims.contains(&0) {
-        return None;
-    }
     let x = channels_last(x);
     let load = Load { t: &x, work };
     let mean = staged_mean(dims, work, |at, buf, _| load.into(at, buf));
@@ -50,11 +46,7 @@ pub fn batch_norm_forward_half(
         buf.iter_mut().for_each(|v| *v *= *v);
         round_through(buf, work);
     });
-    let eps = one(epsilon as f32, work);
-    let rstd: Vec<f32> = var
-        .iter()
-        .map(|&v| one(1.0 / one(one(v + eps, work).sqrt(), work), work))
-        .collect();
+    let rstd = rstd_of(&var, epsilon, work);
     let out = normalize(&x, work, [&mean, &rstd, &gamma, &beta]);
     let vector = |v: Vec<f32>| stored(v, vec![c], work);
     Some([relabel(out, dims), vector(mean), vector(var), vector(rstd)])
@@ -69,22 +61,8 @@ pub fn batch_norm_inference_half(
     work: DType,
     epsilon: f64,
 ) -> Option<FlexTensor> {
-    let dims = dims4(x)?;
-    let c = dims[1];
-    let [gamma, beta, mean, var] = [
-        vector(gamma, c, work)?,
-        vector(beta, c, work)?,
-        vector(mean, c, work)?,
-        vector(var, c, work)?,
-    ];
-    if !half(work) || !supported(x) || dims.contains(&0) {
-        return None;
-    }
-    let eps = one(epsilon as f32, work);
-    let rstd: Vec<f32> = var
-        .iter()
-        .map(|&v| one(1.0 / one(one(v + eps, work).sqrt(), work), work))
-        .collect();
+    let (dims, [gamma, beta, mean, var]) = operands(x, [gamma, beta, mean, var], work)?;
+    let rstd = rstd_of(&var, epsilon, work);
     let x = channels_last(x);
     let out = normalize(&x, work, [&mean, &rstd, &gamma, &beta]);
     Some(relabel(out, dims))
@@ -100,17 +78,7 @@ pub fn batch_norm_recompute_half(
     [mean, rstd]: [&FlexTensor; 2],
     work: DType,
 ) -> Option<FlexTensor> {
-    let dims = dims4(x)?;
-    let c = dims[1];
-    let [gamma, beta, mean, rstd] = [
-        vector(gamma, c, work)?,
-        vector(beta, c, work)?,
-        vector(mean, c, work)?,
-        vector(rstd, c, work)?,
-    ];
-    if !half(work) || !supported(x) || dims.contains(&0) {
-        return None;
-    }
+    let (dims, [gamma, beta, mean, rstd]) = operands(x, [gamma, beta, mean, rstd], work)?;
     let x = channels_last(x);
     let out = normalize(&x, work, [&mean, &rstd, &gamma, &beta]);
     Some(relabel(out, dims))
@@ -127,18 +95,10 @@ pub fn batch_norm_backward_half(
     [mean, rstd]: [&FlexTensor; 2],
     work: DType,
 ) -> Option<[FlexTensor; 3]> {
-    let dims = dims4(x)?;
-    let c = dims[1];
     let param = gamma.dtype();
-    let [gamma, mean, rstd] = [
-        vector(gamma, c, work)?,
-        vector(mean, c, work)?,
-        vector(rstd, c, work)?,
-    ];
-    if !half(work) || !supported(x) || !supported(dout) || dims4(dout)? != dims {
-        return None;
-    }
-    if dims.contains(&0) {
+    let (dims, [gamma, mean, rstd]) = operands(x, [gamma, mean, rstd], work)?;
+    let c = dims[1];
+    if !supported(dout) || dims4(dout)? != dims {
         return None;
     }
     let (x, dout) = (channels_last(x), channels_last(dout));
@@ -187,9 +147,31 @@ pub fn batch_norm_backward_half(
     Some([relabel(dx, dims), sum(mean_dy_xhat), sum(mean_dy)])
 }
 
-/// Whether batch norm runs in this dtype here.
-fn half(work: DType) -> bool {
-    matches!(work, DType::F16 | DType::BF16)
+/// `x`'s dims and the per-channel `vectors` cast to `work`, when the kernels take them: a
+/// non-empty 4-D f32/f16/bf16 `x`, `[c]` vectors, a half working dtype. `None` otherwise.
+fn operands<const K: usize>(
+    x: &FlexTensor,
+    vectors: [&FlexTensor; K],
+    work: DType,
+) -> Option<([usize; 4], [Vec<f32>; K])> {
+    let dims = dims4(x)?;
+    let half = matches!(work, DType::F16 | DType::BF16);
+    if !half || !supported(x) || dims.contains(&0) {
+        return None;
+    }
+    let mut values = Vec::with_capacity(K);
+    for v in vectors {
+        values.push(vector(v, dims[1], work)?);
+    }
+    Some((dims, values.try_into().ok()?))
+}
+
+/// ρ = r(1/r(√r(σ² + r(ε)))) per channel, as the composed ops make it from `var` (in `work`).
+fn rstd_of(var: &[f32], epsilon: f64, work: DType) -> Vec<f32> {
+    let eps = one(epsilon as f32, work);
+    var.iter()
+        .map(|&v| one(1.0 / one(one(v + eps, work).sqrt(), work), work))
+        .collect()
 }
 
 /// `v` rounded to `work`.
