@@ -4,6 +4,7 @@
 
 mod backend;
 mod data;
+mod distributed;
 mod memory;
 mod mistakes;
 mod model;
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 pub use backend::{Autotune, AutotuneCache, BackendKind};
 pub use data::DataSource;
 pub use data::{DataSpec, TextSource, CIFAR10_IMAGES, NUM_CLASSES};
+pub use distributed::{DeviceSpec, DistributedSpec, Strategy, DEFAULT_TIMEOUT_S, MAX_PEERS};
 pub use memory::{parse_size, Checkpointing, FreeCache, Fuse, MemorySpec, SIZE_HELP};
 pub use mistakes::Mistakes;
 pub use model::ModelName;
@@ -45,6 +47,8 @@ pub struct RawConfig {
     pub backend: backend::RawBackend,
     /// `[memory]`
     pub memory: memory::RawMemory,
+    /// `[distributed]`
+    pub distributed: distributed::RawDistributed,
     /// `[mistakes]`
     pub mistakes: Mistakes,
 }
@@ -105,6 +109,8 @@ pub struct Settings {
     pub memory: MemorySpec,
     /// Teaching switches that make a memory mistake on purpose.
     pub mistakes: Mistakes,
+    /// Data parallel over several devices; `None` on one device.
+    pub distributed: Option<DistributedSpec>,
 }
 
 /// Reads `path`, applies `overrides` (`key=value`, value in TOML syntax or a bare string) and
@@ -338,6 +344,7 @@ fn validate(path: &Path, raw: RawConfig, purpose: Purpose) -> Result<Settings, C
         .checkpoint_blocks(memory.checkpointing == Checkpointing::Blocks);
     let train = train::validate(&raw.train, path)?;
     let precision = precision::validate(&raw.precision)?;
+    let distributed = distributed::validate(&raw.distributed, raw.backend.kind)?;
 
     Ok(Settings {
         path: path.to_owned(),
@@ -353,5 +360,6 @@ fn validate(path: &Path, raw: RawConfig, purpose: Purpose) -> Result<Settings, C
         autotune_cache: raw.backend.autotune_cache.unwrap_or(AutotuneCache::Shared),
         memory,
         mistakes: raw.mistakes,
+        distributed,
     })
 }
