@@ -12,6 +12,7 @@
 //! | [`model`] | the network a config names (SimpleModel, MobileNet or ResNet, from `burn-models`) |
 //! | [`outputs`] | where a run writes: folders claimed and locked, output paths checked before any work |
 //! | [`backend`] | CPU (Flex), CUDA or wgpu (Vulkan/Metal), chosen once at start-up: `mod.rs` (types, `auto`), `cuda.rs`, `wgpu.rs` (adapters) |
+//! | [`distributed`] | data parallel: one peer per device on burn-collective (`link.rs`: calls with a timeout; `peer.rs`: shards and sums; `fault.rs`: test faults) |
 //! | [`training`] | the loop (`training/mod.rs`, read beside the article's PyTorch loop) and its parts |
 //! | [`memory`] | one probe (`probe.rs`) over the heap or a CubeCL pool (`heap.rs`, `cube.rs`) sampled at every layer boundary (`timeline.rs`), the analytic estimate, the OOM diagnosis and its capture, `free_cache` |
 //! | [`report`] | progress bar, per-window step log, memory timeline chart, end-of-run summary |
@@ -33,6 +34,7 @@
 //! | the mistakes (teaching) | `mistakes.eval_with_autograd`, `mistakes.keep_losses` | `training/mistakes.rs`, `training/eval.rs`; the probe's evaluation peak (`memory/probe.rs`), per-step memory in `steps.csv` |
 //! | autotune (`cudnn.benchmark`) | `backend.autotune`, `backend.autotune_cache` | `backend/mod.rs` (`configure_cubecl`) |
 //! | the largest batch that fits | — | `commands/find_batch_size.rs` |
+//! | data parallel | `[distributed] devices` | `distributed/` (peers, shards, summed gradients), `training/mod.rs` (one `reduce` per window) |
 //! | measuring it | — | `memory/probe.rs` + `memory/heap.rs` (exact CPU heap) or `memory/cube.rs` (CubeCL pool, CUDA or wgpu), `burn-models` `boundary.rs` (a sample at every layer boundary, forward and backward), `report/timeline.rs`, `commands/compare/` |
 
 pub mod backend;
@@ -40,6 +42,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod data;
+pub mod distributed;
 pub mod exit;
 pub mod malloc;
 pub mod memory;

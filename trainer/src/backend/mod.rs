@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Autotune, AutotuneCache, BackendKind, Settings};
+use crate::config::{Autotune, AutotuneCache, BackendKind, DeviceSpec, Settings};
 use crate::panics::{self, Captured};
 
 mod cuda;
@@ -263,6 +263,41 @@ pub fn select(kind: BackendKind, index: usize) -> Result<Selected, NoDevice> {
             }
         }
     }
+}
+
+/// The backend a run of `settings` selects: `[distributed] devices` decide it when set (their
+/// first CUDA index for `cuda`), else `backend.kind` and `backend.cuda_index`.
+pub fn select_for(settings: &Settings) -> Result<Selected, NoDevice> {
+    match &settings.distributed {
+        Some(spec) => match spec.devices[0] {
+            DeviceSpec::Cpu => Ok(Selected::Cpu),
+            DeviceSpec::Cuda(index) => cuda::probe(index).map(Selected::Cuda),
+        },
+        None => select(settings.backend, settings.cuda_index),
+    }
+}
+
+/// One CUDA device per data-parallel peer, each checked with the test kernel (`first`, the
+/// selected device, alone without `[distributed]`).
+pub fn cuda_peers(settings: &Settings, first: &CudaDevice) -> Result<Vec<CudaDevice>, NoDevice> {
+    let Some(spec) = &settings.distributed else {
+        return Ok(vec![first.clone()]);
+    };
+    let probe = |device: &DeviceSpec| match *device {
+        DeviceSpec::Cuda(index) if index == first.index => Ok(first.clone()),
+        DeviceSpec::Cuda(index) => cuda::probe(index),
+        DeviceSpec::Cpu => Err(NoDevice::Cuda {
+            index: first.index,
+            reason: "distributed.devices mixes cpu and cuda".into(),
+        }),
+    };
+    spec.devices.iter().map(probe).collect()
+}
+
+/// Peers of a CPU run: they share Flex's one device.
+pub fn cpu_peers<D: Default + Clone>(settings: &Settings) -> Vec<D> {
+    let n = settings.distributed.as_ref().map_or(1, |d| d.devices.len());
+    vec![D::default(); n]
 }
 
 /// Sums four ones on `device`: the driver must load, compile and run a kernel. CubeCL panics

@@ -6,6 +6,7 @@ use crate::backend::{CpuBackend, CpuCheckpointed, CudaBackend, CudaCheckpointed}
 use crate::backend::{WgpuBackend, WgpuCheckpointed};
 use crate::cli::RunArgs;
 use crate::config::{unsupported_dtype, Checkpointing, Purpose};
+use crate::distributed::train;
 use crate::memory::catch;
 use crate::memory::cube::{self, device_memory};
 use crate::memory::diagnosis;
@@ -15,7 +16,7 @@ use crate::memory::host;
 use crate::outputs;
 use crate::training::checkpoint;
 use crate::training::interrupt::{Interrupt, Stopped};
-use crate::training::{train, RunOptions};
+use crate::training::RunOptions;
 
 /// Trains, prints the summary table and writes `--summary-json`; after a signal (`interrupt`)
 /// it stops cleanly: before the output folder is made, with nothing made; after, with a
@@ -37,7 +38,7 @@ pub fn run(cli: RunArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()>
     // CubeCL's search settings first: it reads them when the first device is made.
     let _fresh_cache = backend::configure_cubecl(&settings).map(RemoveOnDrop);
     // The device and its dtypes are settled before any output folder is made.
-    let selected = backend::select(settings.backend, settings.cuda_index)?;
+    let selected = backend::select_for(&settings)?;
     if let Some(half) = settings.precision.mode.half() {
         if !selected.supports(half) {
             return Err(unsupported_dtype(settings.precision.mode, &selected.name()).into());
@@ -96,27 +97,29 @@ pub fn run(cli: RunArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()>
     let s = &settings;
     let summary = catch::catch(s, target, |last| match &selected {
         Selected::Cpu => {
-            let (mut heap, device) = (HeapProbe::new(Heap), Default::default());
+            let (mut heap, devices) = (HeapProbe::new(Heap), backend::cpu_peers(s));
             let probe = &mut last.track(&mut heap);
             match balanced {
-                false => train::<CpuBackend>(s, device, &selected, options, probe),
-                true => train::<CpuCheckpointed>(s, device, &selected, options, probe),
+                false => train::<CpuBackend>(s, devices, &selected, options, probe),
+                true => train::<CpuCheckpointed>(s, devices, &selected, options, probe),
             }
         }
         Selected::Cuda(device) => {
+            // Rank 0's device is the one measured.
+            let devices = backend::cuda_peers(s, device)?;
             let mut cuda = cube::cuda(device.clone());
-            let (probe, device) = (&mut last.track(&mut cuda), device.clone());
+            let probe = &mut last.track(&mut cuda);
             match balanced {
-                false => train::<CudaBackend>(s, device, &selected, options, probe),
-                true => train::<CudaCheckpointed>(s, device, &selected, options, probe),
+                false => train::<CudaBackend>(s, devices, &selected, options, probe),
+                true => train::<CudaCheckpointed>(s, devices, &selected, options, probe),
             }
         }
         Selected::Wgpu(adapter) => {
             let mut wgpu = cube::wgpu(adapter.device.clone());
-            let (probe, device) = (&mut last.track(&mut wgpu), adapter.device.clone());
+            let (probe, devices) = (&mut last.track(&mut wgpu), vec![adapter.device.clone()]);
             match balanced {
-                false => train::<WgpuBackend>(s, device, &selected, options, probe),
-                true => train::<WgpuCheckpointed>(s, device, &selected, options, probe),
+                false => train::<WgpuBackend>(s, devices, &selected, options, probe),
+                true => train::<WgpuCheckpointed>(s, devices, &selected, options, probe),
             }
         }
     })?;

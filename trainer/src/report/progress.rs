@@ -76,6 +76,11 @@ impl Progress {
         }
     }
 
+    /// Draws nothing from now on (a peer other than rank 0).
+    pub fn silence(&mut self) {
+        self.bar = ProgressBar::hidden();
+    }
+
     /// Removes the bar.
     pub fn finish(&self) {
         self.bar.finish_and_clear();

@@ -26,12 +26,14 @@ pub struct Windows {
     pub batch_size: usize,
     /// Micro-batches per optimizer step.
     pub accum_steps: usize,
+    /// Data-parallel peers, each taking its micro-batches of every window (1 on one device).
+    pub peers: usize,
 }
 
 impl Windows {
-    /// Samples in a full window.
+    /// Samples in a full window, over all peers.
     pub fn window_size(&self) -> usize {
-        self.batch_size * self.accum_steps
+        self.batch_size * self.accum_steps * self.peers
     }
 
     /// Optimizer steps in an epoch of `n` samples; the last may be short.
@@ -73,8 +75,8 @@ pub struct WindowGrads {
 }
 
 /// Runs forward and backward over `window` in micro-batches of `batch_size` and sums the
-/// gradients, each micro-batch's loss weighted by its share of the window and multiplied by
-/// `loss_scale`. `load` turns sample indices into a batch (images, or token windows whose every
+/// gradients, each micro-batch's loss weighted by its share of the window's `total` samples
+/// (more than `window` holds when it is one peer's slice) and multiplied by `loss_scale`. `load` turns sample indices into a batch (images, or token windows whose every
 /// position is a prediction: the mean is over positions, the share over windows); `probe` is sampled after each
 /// forward and backward; `kept` keeps each loss tensor when the `keep_losses` mistake is on.
 // Each argument is one input of the seed's loop body; a struct around them would hide that.
@@ -82,6 +84,7 @@ pub struct WindowGrads {
 pub fn window_gradients<B>(
     model: &Network<B>,
     window: &[usize],
+    total: usize,
     batch_size: usize,
     cx: &RunContext,
     loss_scale: f64,
@@ -94,7 +97,7 @@ where
     B::InnerBackend: ModelBackend,
 {
     let mut sum: Option<GradientsParams> = None;
-    let total = window.len() as f64;
+    let total = total as f64;
     let mut loss_sum = 0.0;
     for micro in window.chunks(batch_size) {
         let share = micro.len() as f64 / total;

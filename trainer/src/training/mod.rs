@@ -38,6 +38,7 @@ use oomlab_engine::{ModelBackend, RunContext};
 use crate::backend::Selected;
 use crate::config::{unsupported_dtype, PrecisionMode, Settings};
 use crate::data::{self, shuffled, Split};
+use crate::distributed::Peer;
 use crate::memory::{MemoryProbe, Phase};
 use crate::model::{cast_params, Network};
 use crate::report::step_log::StepLog;
@@ -64,14 +65,16 @@ pub struct RunOptions<'a> {
     pub interrupt: Option<&'a Interrupt>,
 }
 
-/// Trains the model `settings` describes on `device` of `backend`; `probe` measures memory
-/// over the training steps.
+/// Trains the model `settings` describes on `device` of `backend`, as `peer` of a
+/// data-parallel run ([`Peer::solo`] on one device); `probe` measures memory over the
+/// training steps.
 pub fn train<B>(
     settings: &Settings,
     device: B::Device,
     backend: &Selected,
     options: RunOptions,
     probe: &mut dyn MemoryProbe,
+    mut peer: Peer<B::InnerBackend>,
 ) -> anyhow::Result<Summary>
 where
     B: AutodiffBackend + ModelBackend,
@@ -93,10 +96,13 @@ where
     // The data set stays; what training adds is measured above it.
     probe.resident();
     let model: Network<B> = Network::init(&settings.model, t.seed, &device)?;
+    // A window is every peer's micro-batches: N peers × `batch_size` × `accum_steps`.
     let windows = Windows {
         batch_size: t.batch_size,
         accum_steps: t.accum_steps,
+        peers: peer.peers(),
     };
+    let leader = peer.is_leader();
     let n = splits.len(Split::Train);
     let per_epoch = windows.per_epoch(n);
     // The run ends after this many optimizer steps; in epochs mode a skipped step is made up
@@ -116,12 +122,19 @@ where
     let mut stepper = Stepper::new(settings, total_steps, optim, &saved.counters);
     let mut position = saved.position;
     let mut record = Record::new(settings, total_steps, stepper.step, log, started);
+    if !leader {
+        // Rank 0's bar is the run's.
+        record.silence();
+    }
     let checkpoint_dir = checkpoint::dir(&t.output_dir);
     let save = |model: &Network<B>,
                 stepper: &Stepper<Network<B>, B>,
                 position: Position,
                 record: &Record|
      -> anyhow::Result<()> {
+        if !leader {
+            return Ok(()); // rank 0 writes the run's checkpoint
+        }
         if !grads::all_finite(model) {
             // Never checkpoint weights a step has already overflowed.
             return Err(record.diverged_weights(stepper));
@@ -158,6 +171,8 @@ where
             .is_some_and(|k| o.stepped() && s.step % k == 0);
         due && !options.trial
     };
+    // Rank 0 evaluates; the others go on to the next window and wait for it there.
+    let evaluates = leader && !options.trial;
 
     while !done(&stepper) {
         let order = shuffled(n, t.seed, position.epoch as u64);
@@ -171,7 +186,15 @@ where
             let load = |idx: &[usize]| splits.batch::<B>(Split::Train, idx, &device);
             let scale = stepper.scaler.scale();
             let b = t.batch_size;
-            let w = window_gradients(&model, window, b, &cx, scale, probe, &mut kept, load);
+            // This peer's samples; each micro-batch's share is of the whole window.
+            let mine = peer.shard(window, b);
+            let total = window.len();
+            let w = window_gradients(&model, &mine, total, b, &cx, scale, probe, &mut kept, load);
+            // A trial takes a few steps and keeps nothing: it ends as it would have.
+            let stop = options.interrupt.and_then(Interrupt::requested);
+            let stop = stop.filter(|_| !options.trial);
+            // Summed over the peers: every peer steps (or skips) on the same gradients.
+            let w = peer.reduce(&model, w.grads, w.loss, stop)?;
             let before = record.before_step(&model);
             let outcome;
             (model, outcome) = stepper.apply(model, w.grads);
@@ -180,13 +203,10 @@ where
             record.window(window.len(), w.loss, outcome, &stepper, &model, before)?;
             record.memory(probe.last_step());
             position.window += 1;
-            let stop = options.interrupt.and_then(Interrupt::requested);
-            // A trial takes a few steps and keeps nothing: it ends as it would have.
-            let stop = stop.filter(|_| !options.trial);
-            if stop.is_some() || every(outcome, &stepper) {
+            if w.stop.is_some() || every(outcome, &stepper) {
                 save(&model, &stepper, position, &record)?;
             }
-            if let Some(signal) = stop {
+            if let Some(signal) = w.stop {
                 return Err(record.interrupted(signal, &stepper, &checkpoint_dir));
             }
         }
@@ -195,16 +215,20 @@ where
             settings.memory.free_cache.after_epoch::<B>(&device);
             if !options.trial {
                 save(&model, &stepper, position, &record)?;
+            }
+            if evaluates {
                 record.evaluated(position.epoch, true, eval_now(&model, probe));
             }
         }
     }
+    // Every peer reduced its last window: they leave together, before rank 0 evaluates alone.
+    peer.finish()?;
     record.finish();
     if let (Some(timeline), false) = (probe.timeline(), options.trial) {
         crate::report::timeline::write(&t.output_dir, &timeline)?;
     }
     // A run that ends mid-epoch is saved and evaluated at its end too.
-    if !options.trial && (position.window != 0 || record.eval().is_none()) {
+    if evaluates && (position.window != 0 || record.eval().is_none()) {
         save(&model, &stepper, position, &record)?;
         record.evaluated(position.epoch, false, eval_now(&model, probe));
     }

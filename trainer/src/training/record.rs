@@ -94,6 +94,11 @@ impl Record {
         }
     }
 
+    /// Shows no progress (a data-parallel peer other than rank 0: rank 0's bar is the run's).
+    pub fn silence(&mut self) {
+        self.progress.silence();
+    }
+
     /// A window begins: its time, step counter and loss scale are noted.
     pub fn start<M: AutodiffModule<B>, B: AutodiffBackend>(&mut self, stepper: &Stepper<M, B>) {
         self.window = (Instant::now(), stepper.step, stepper.scaler.scale());

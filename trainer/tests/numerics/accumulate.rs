@@ -101,6 +101,7 @@ fn windows_split_an_epoch_without_crossing_it() {
     let w = Windows {
         batch_size: 8,
         accum_steps: 4,
+        peers: 1,
     };
     let order: Vec<usize> = (0..100).collect();
     let sizes: Vec<usize> = w.split(&order).map(|s| s.len()).collect();

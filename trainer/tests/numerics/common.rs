@@ -59,6 +59,7 @@ pub fn scaled_grads(
     window_gradients(
         model,
         window,
+        window.len(),
         batch,
         &RunContext::new(*policy),
         scale,
@@ -94,6 +95,7 @@ pub fn grads_and_loss(
     let w = window_gradients(
         model,
         window,
+        window.len(),
         window.len(),
         &RunContext::new(*policy),
         scale,

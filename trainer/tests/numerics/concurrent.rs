@@ -11,6 +11,7 @@ use std::thread;
 
 use oomlab_engine::{Boundary, Listener, Pass};
 use trainer::backend::{CpuBackend, Selected};
+use trainer::distributed::Peer;
 use trainer::memory::{MemoryProbe, MemoryReport, Phase};
 use trainer::report::summary::Summary;
 use trainer::training::{train, RunOptions};
@@ -57,7 +58,16 @@ fn run(model: &[&str], out: &Path) -> (Summary, Vec<(&'static str, Pass)>) {
         .build()
         .unwrap();
     let summary = pool
-        .install(|| train::<CpuBackend>(&s, Default::default(), &Selected::Cpu, options, &mut ears))
+        .install(|| {
+            train::<CpuBackend>(
+                &s,
+                Default::default(),
+                &Selected::Cpu,
+                options,
+                &mut ears,
+                Peer::solo(),
+            )
+        })
         .expect("a run that trains");
     let heard = ears.0.lock().unwrap().clone();
     (summary, heard)

@@ -1,0 +1,300 @@
+//! A peer's line to the others: burn-collective's calls, made on a thread of their own so that
+//! the peer can stop waiting.
+//!
+//! burn-collective's calls block without a timeout, and a peer that died leaves the others
+//! blocked for ever. Each peer therefore hands its tensors to a worker thread that makes the
+//! calls, and waits for the answer in short slices: between them it checks whether another peer
+//! has failed (then it fails too, naming that peer) and whether the run's timeout has passed
+//! (then it fails naming the peers that never arrived). A worker left blocked is abandoned; the
+//! process ends with the run.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use burn::collective::{
+    self, AllReduceStrategy, CollectiveConfig, CollectiveError, PeerId, ReduceOperation,
+};
+use burn::tensor::backend::{Backend, BackendTypes};
+
+use crate::config::{DistributedSpec, Strategy};
+
+/// How often a waiting peer looks at the others' health.
+const POLL: Duration = Duration::from_millis(20);
+
+/// A data-parallel run could not go on.
+#[derive(Debug, thiserror::Error)]
+pub enum DistributedError {
+    /// Another peer failed; this one stopped too.
+    #[error("peer {peer} ({device}) failed: {reason}")]
+    PeerFailed {
+        /// The failed peer's rank.
+        peer: usize,
+        /// Its device.
+        device: String,
+        /// Its error, one line.
+        reason: String,
+    },
+    /// The others did not arrive within the timeout.
+    #[error(
+        "peer {rank} waited {waited_s} s in {what} for peer{} {} (distributed.timeout_s): \
+         stopped",
+        if missing.len() == 1 { "" } else { "s" },
+        list(missing)
+    )]
+    Timeout {
+        /// The waiting peer.
+        rank: usize,
+        /// Which call: `registration` or `all-reduce N`.
+        what: String,
+        /// Seconds waited.
+        waited_s: u64,
+        /// The peers that had not reached the call.
+        missing: Vec<usize>,
+    },
+    /// A test's fault (`OOMLAB_FAULT`) stopped this peer.
+    #[error("failure injected at window {window} (OOMLAB_FAULT)")]
+    Injected {
+        /// The peer.
+        rank: usize,
+        /// The window.
+        window: usize,
+    },
+    /// burn-collective refused a call.
+    #[error("peer {rank}: {what}: burn-collective: {error:?}")]
+    Collective {
+        /// The calling peer.
+        rank: usize,
+        /// Which call.
+        what: String,
+        /// burn-collective's error.
+        error: CollectiveError,
+    },
+}
+
+fn list(ranks: &[usize]) -> String {
+    let names: Vec<String> = ranks.iter().map(usize::to_string).collect();
+    names.join(", ")
+}
+
+/// What the peers of one run share: each one's progress and failure.
+#[derive(Debug)]
+pub struct Shared {
+    devices: Vec<String>,
+    /// Collective calls each peer has started (registration is call 1).
+    calls: Vec<AtomicUsize>,
+    /// The first failure of each peer, one line.
+    failed: Mutex<Vec<Option<String>>>,
+    timeout: Duration,
+}
+
+impl Shared {
+    /// The state of a run over `spec`'s devices.
+    pub fn new(spec: &DistributedSpec) -> Arc<Self> {
+        let n = spec.devices.len();
+        Arc::new(Self {
+            devices: spec.devices.iter().map(ToString::to_string).collect(),
+            calls: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            failed: Mutex::new(vec![None; n]),
+            timeout: spec.timeout,
+        })
+    }
+
+    /// Peers in the run.
+    pub fn peers(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Records that peer `rank` failed (the first reason is kept).
+    pub fn fail(&self, rank: usize, reason: &str) {
+        let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        let line = reason.lines().next().unwrap_or_default().to_string();
+        failed[rank].get_or_insert(line);
+    }
+
+    fn failure_other_than(&self, rank: usize) -> Option<DistributedError> {
+        let failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        let (peer, reason) = failed
+            .iter()
+            .enumerate()
+            .find_map(|(peer, f)| f.as_ref().filter(|_| peer != rank).map(|r| (peer, r)))?;
+        Some(DistributedError::PeerFailed {
+            peer,
+            device: self.devices[peer].clone(),
+            reason: reason.clone(),
+        })
+    }
+
+    fn missing(&self, call: usize) -> Vec<usize> {
+        let started = self.calls.iter().map(|c| c.load(Ordering::SeqCst));
+        started
+            .enumerate()
+            .filter(|(_, n)| *n < call)
+            .map(|(peer, _)| peer)
+            .collect()
+    }
+}
+
+type Tensors<B> = Vec<<B as BackendTypes>::FloatTensorPrimitive>;
+type Answer<B> = Result<Tensors<B>, CollectiveError>;
+
+/// What a peer asks its collective thread to do.
+enum Request<B: Backend> {
+    /// Sum these tensors over the peers.
+    Reduce(Tensors<B>),
+    /// The run ended well on every peer: leave the collective.
+    Finish,
+}
+
+/// One peer's connection to the others.
+pub struct Link<B: Backend> {
+    rank: usize,
+    shared: Arc<Shared>,
+    requests: SyncSender<Request<B>>,
+    answers: Receiver<Answer<B>>,
+    /// Collective calls made so far (registration is call 1).
+    calls: usize,
+}
+
+impl<B: Backend> Link<B> {
+    /// Registers peer `rank` on `device` with the others of `spec` (waiting for all of them,
+    /// within the timeout).
+    pub fn join(
+        rank: usize,
+        device: B::Device,
+        spec: &DistributedSpec,
+        shared: Arc<Shared>,
+    ) -> Result<Self, DistributedError> {
+        let strategy = match spec.strategy {
+            Strategy::Tree => AllReduceStrategy::Tree(2),
+            Strategy::Ring => AllReduceStrategy::Ring,
+            Strategy::Centralized => AllReduceStrategy::Centralized,
+        };
+        let config = CollectiveConfig::default()
+            .with_num_devices(spec.devices.len())
+            .with_local_all_reduce_strategy(strategy);
+        let (requests, inbox) = mpsc::sync_channel::<Request<B>>(1);
+        let (reply, answers) = mpsc::sync_channel::<Answer<B>>(1);
+        let id = PeerId::from(rank);
+        std::thread::Builder::new()
+            .name(format!("collective-{rank}"))
+            .spawn(move || {
+                let registered = collective::register::<B>(id, device, config);
+                let ok = registered.is_ok();
+                if reply.send(registered.map(|()| Vec::new())).is_err() || !ok {
+                    return;
+                }
+                // A peer that fails leaves without `finish_collective`: burn-collective would
+                // otherwise go on with the others alone, summing fewer gradients than the
+                // window has. Left registered, it holds them in the next call, where they see
+                // its failure.
+                while let Ok(request) = inbox.recv() {
+                    let answer = match request {
+                        Request::Reduce(tensors) => tensors
+                            .into_iter()
+                            .map(|t| collective::all_reduce::<B>(id, t, ReduceOperation::Sum))
+                            .collect(),
+                        Request::Finish => {
+                            collective::finish_collective::<B>(id).map(|()| Vec::new())
+                        }
+                    };
+                    if reply.send(answer).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| DistributedError::Collective {
+                rank,
+                what: "starting its collective thread".into(),
+                error: CollectiveError::Other(e.to_string()),
+            })?;
+        shared.calls[rank].store(1, Ordering::SeqCst);
+        let mut link = Self {
+            rank,
+            shared,
+            requests,
+            answers,
+            calls: 1,
+        };
+        link.wait("registration")?;
+        Ok(link)
+    }
+
+    /// This peer's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Peers in the run.
+    pub fn peers(&self) -> usize {
+        self.shared.peers()
+    }
+
+    /// The run's shared state.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Sums each of `tensors` over all peers (every peer passes the same shapes, in the same
+    /// order); every peer gets the same sums.
+    pub fn all_reduce(&mut self, tensors: Tensors<B>) -> Result<Tensors<B>, DistributedError> {
+        self.calls += 1;
+        let what = format!("all-reduce {}", self.calls - 1);
+        self.call(Request::Reduce(tensors), &what)
+    }
+
+    /// Leaves the collective once the run has ended well (every peer at the same step).
+    pub fn finish(mut self) -> Result<(), DistributedError> {
+        self.calls += 1;
+        self.call(Request::Finish, "finishing").map(drop)
+    }
+
+    fn call(&mut self, request: Request<B>, what: &str) -> Result<Tensors<B>, DistributedError> {
+        // A failed peer never arrives: do not start a call the others cannot complete.
+        if let Some(failure) = self.shared.failure_other_than(self.rank) {
+            return Err(failure);
+        }
+        self.shared.calls[self.rank].store(self.calls, Ordering::SeqCst);
+        if self.requests.send(request).is_err() {
+            return Err(self.worker_gone(what));
+        }
+        self.wait(what)
+    }
+
+    fn wait(&mut self, what: &str) -> Result<Tensors<B>, DistributedError> {
+        let started = Instant::now();
+        loop {
+            match self.answers.recv_timeout(POLL) {
+                Ok(Ok(tensors)) => return Ok(tensors),
+                Ok(Err(error)) => {
+                    let what = what.into();
+                    let rank = self.rank;
+                    return Err(DistributedError::Collective { rank, what, error });
+                }
+                Err(RecvTimeoutError::Disconnected) => return Err(self.worker_gone(what)),
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if let Some(failure) = self.shared.failure_other_than(self.rank) {
+                return Err(failure);
+            }
+            let waited = started.elapsed();
+            if waited >= self.shared.timeout {
+                return Err(DistributedError::Timeout {
+                    rank: self.rank,
+                    what: what.into(),
+                    waited_s: waited.as_secs(),
+                    missing: self.shared.missing(self.calls),
+                });
+            }
+        }
+    }
+
+    fn worker_gone(&self, what: &str) -> DistributedError {
+        DistributedError::Collective {
+            rank: self.rank,
+            what: what.into(),
+            error: CollectiveError::LocalServerMissing,
+        }
+    }
+}

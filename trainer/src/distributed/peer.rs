@@ -1,0 +1,206 @@
+//! One replica of a data-parallel run, as the training loop sees it: which samples of a window
+//! are its own, and the window's gradients summed over every replica.
+//!
+//! A run on one device is a run of one peer: it takes the whole window and its sums are its
+//! own gradients, so the loop has no second path.
+
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::backend::{AutodiffBackend, BackendTypes};
+use burn::tensor::TensorPrimitive;
+
+use super::fault::Fault;
+use super::link::{DistributedError, Link};
+
+/// A window's gradients and loss, summed over the peers, and whether they agreed to stop.
+pub struct Reduced {
+    /// Every trainable parameter's gradient, summed over the peers.
+    pub grads: GradientsParams,
+    /// The window's mean loss (each peer's part is already weighted by its share).
+    pub loss: f64,
+    /// The signal that stops the run after this window, if a peer received one.
+    pub stop: Option<i32>,
+}
+
+/// This process's part of a run: one peer, alone or linked to the others.
+pub struct Peer<B: Backend> {
+    link: Option<Link<B>>,
+    fault: Option<Fault>,
+    windows: usize,
+}
+
+impl<B: Backend> Peer<B> {
+    /// The only peer of a one-device run.
+    pub fn solo() -> Self {
+        Self {
+            link: None,
+            fault: None,
+            windows: 0,
+        }
+    }
+
+    /// A peer of a data-parallel run, connected by `link`.
+    pub fn linked(link: Link<B>) -> Self {
+        Self {
+            fault: Fault::from_env(Link::rank(&link)),
+            link: Some(link),
+            windows: 0,
+        }
+    }
+
+    /// This peer's rank: 0 writes the run's outputs.
+    pub fn rank(&self) -> usize {
+        self.link.as_ref().map_or(0, |link| link.rank())
+    }
+
+    /// Peers in the run.
+    pub fn peers(&self) -> usize {
+        self.link.as_ref().map_or(1, |link| link.peers())
+    }
+
+    /// Ends this peer's part of a run that ended well on every peer.
+    pub fn finish(self) -> Result<(), DistributedError> {
+        self.link.map_or(Ok(()), Link::finish)
+    }
+
+    /// Whether this peer writes the run's checkpoints, log and summary, and evaluates.
+    pub fn is_leader(&self) -> bool {
+        self.rank() == 0
+    }
+
+    /// This peer's samples of `window`: cut into pieces of `batch_size`, peer r takes pieces
+    /// r, r + N, r + 2N, … So the i-th micro-batches of all peers together are the i-th
+    /// micro-batch of one device with N × `batch_size`, and every sample is used once.
+    pub fn shard(&self, window: &[usize], batch_size: usize) -> Vec<usize> {
+        shard(window, batch_size, self.rank(), self.peers())
+    }
+
+    /// Sums `grads` (this peer's gradients of `model`), this peer's part of the window's `loss`
+    /// and its `stop` request over all peers.
+    pub fn reduce<AB, M>(
+        &mut self,
+        model: &M,
+        grads: GradientsParams,
+        loss: f64,
+        stop: Option<i32>,
+    ) -> Result<Reduced, DistributedError>
+    where
+        AB: AutodiffBackend<InnerBackend = B>,
+        M: AutodiffModule<AB>,
+    {
+        self.windows += 1;
+        let Some(link) = &mut self.link else {
+            return Ok(Reduced { grads, loss, stop });
+        };
+        let mut collect = Collect::<AB> {
+            grads,
+            tensors: Vec::new(),
+            device: None,
+        };
+        model.visit(&mut collect);
+        let Collect {
+            mut tensors,
+            device,
+            grads: rest,
+        } = collect;
+        let Some(device) = device else {
+            return Ok(Reduced {
+                grads: rest,
+                loss,
+                stop,
+            });
+        };
+        if let Some(fault) = self.fault {
+            fault.before_reduce::<B>(self.windows, &mut tensors)?;
+        }
+        // The loss part and the stop request ride along as one small tensor.
+        let flags = [loss as f32, stop.unwrap_or(0) as f32];
+        let flags = Tensor::<B, 1>::from_floats(flags, &device);
+        tensors.push(flags.into_primitive().tensor());
+        let mut sums = link.all_reduce(tensors)?;
+        let flags = sums.pop().map(|t| {
+            let t = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t));
+            t.into_data()
+                .convert::<f32>()
+                .to_vec::<f32>()
+                .unwrap_or_default()
+        });
+        let (loss, signal) = match flags.as_deref() {
+            Some([loss, signal]) => (*loss as f64, *signal),
+            _ => (f64::NAN, 0.0),
+        };
+        let mut restore = Restore::<AB> {
+            sums: sums.into_iter(),
+            grads: rest,
+        };
+        model.visit(&mut restore);
+        Ok(Reduced {
+            grads: restore.grads,
+            loss,
+            stop: (signal != 0.0).then_some(signal as i32),
+        })
+    }
+}
+
+/// Peer `rank`'s samples of `window` among `peers`: see [`Peer::shard`].
+pub fn shard(window: &[usize], batch_size: usize, rank: usize, peers: usize) -> Vec<usize> {
+    let pieces = window.chunks(batch_size.max(1)).skip(rank);
+    pieces.step_by(peers.max(1)).flatten().copied().collect()
+}
+
+/// Takes every trainable parameter's gradient out of `grads`, in the model's order; a
+/// parameter this peer has no gradient for (no samples in the window) sends zeros.
+struct Collect<AB: AutodiffBackend> {
+    grads: GradientsParams,
+    tensors: Vec<<AB::InnerBackend as BackendTypes>::FloatTensorPrimitive>,
+    device: Option<<AB::InnerBackend as BackendTypes>::Device>,
+}
+
+impl<AB: AutodiffBackend> ModuleVisitor<AB> for Collect<AB> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
+        if !param.val().is_require_grad() {
+            return;
+        }
+        let grad = self.grads.remove::<AB::InnerBackend, D>(param.id);
+        let grad = grad.unwrap_or_else(|| param.val().inner().zeros_like());
+        self.device.get_or_insert_with(|| grad.device());
+        self.tensors.push(grad.into_primitive().tensor());
+    }
+}
+
+/// Puts the sums back under each trainable parameter's id, in the same order.
+struct Restore<AB: AutodiffBackend> {
+    sums: std::vec::IntoIter<<AB::InnerBackend as BackendTypes>::FloatTensorPrimitive>,
+    grads: GradientsParams,
+}
+
+impl<AB: AutodiffBackend> ModuleVisitor<AB> for Restore<AB> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
+        if !param.val().is_require_grad() {
+            return;
+        }
+        if let Some(sum) = self.sums.next() {
+            let sum = Tensor::<AB::InnerBackend, D>::from_primitive(TensorPrimitive::Float(sum));
+            self.grads.register::<AB::InnerBackend, D>(param.id, sum);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    #[test]
+    fn shards_are_disjoint_and_cover_a_short_window() {
+        // 2 peers, pieces of 3, a window of 10: pieces [0..3) [3..6) [6..9) [9..10).
+        let window: Vec<usize> = (100..110).collect();
+        let solo = Peer::<Flex>::solo();
+        assert_eq!(solo.shard(&window, 3), window);
+        assert_eq!(shard(&window, 3, 0, 2), [100, 101, 102, 106, 107, 108]);
+        assert_eq!(shard(&window, 3, 1, 2), [103, 104, 105, 109]);
+        // A peer past the window's pieces gets nothing (it still joins the all-reduce).
+        assert_eq!(shard(&window, 3, 4, 5), Vec::<usize>::new());
+    }
+}
