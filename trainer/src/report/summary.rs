@@ -35,10 +35,13 @@ pub struct Summary {
     /// Pure f16 only: mean fraction of weights a step left unchanged (updates rounded away).
     pub updates_lost: Option<f64>,
     pub optimizer: OptimizerName,
-    /// Micro-batch size (one forward/backward).
+    /// Data-parallel peers' devices, rank 0 first (absent on one device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<Vec<String>>,
+    /// Micro-batch size (one forward/backward, on each peer).
     pub batch_size: usize,
     pub accum_steps: usize,
-    /// Samples per optimizer step.
+    /// Samples per optimizer step (over all peers).
     pub effective_batch: usize,
     pub lr_schedule: ScheduleName,
     /// Learning rate the next step would use.
@@ -118,9 +121,10 @@ impl Summary {
         let e = estimate(settings, Target::of(backend.kind()));
         let predicted = e.predicted_peak();
         let eval = record.eval();
-        let window = record
-            .largest_window()
-            .map_or(t.effective_batch(), |w| w.min(t.effective_batch()));
+        let d = settings.distributed.as_ref();
+        let peers = d.map_or(1, |d| d.devices.len());
+        let full = t.effective_batch() * peers;
+        let window = record.largest_window().map_or(full, |w| w.min(full));
         Self {
             config: settings.path.display().to_string(),
             model: settings.model.name(),
@@ -134,6 +138,7 @@ impl Summary {
             skipped_steps: stepper.skipped,
             updates_lost: record.updates_lost(),
             optimizer: t.optimizer,
+            peers: d.map(|d| d.devices.iter().map(ToString::to_string).collect()),
             // What the run really used: a split smaller than the window caps both.
             batch_size: t.batch_size.min(window),
             accum_steps: t.accum_steps,
@@ -178,7 +183,12 @@ impl Summary {
             predicted_peak_bytes: predicted,
             predicted_training_peak_bytes: e.device_peak_bytes,
             floor_bytes: e.floor.total(),
-            prediction_error: memory.peak_bytes.map(|b| error(b, predicted)),
+            // Peers on the CPU share the process's heap: its peak is theirs together, and the
+            // estimate is one peer's.
+            prediction_error: memory
+                .peak_bytes
+                .filter(|_| peers == 1 || !matches!(backend, Selected::Cpu))
+                .map(|b| error(b, predicted)),
             memory,
         }
     }
@@ -208,11 +218,30 @@ impl Summary {
             ),
             ("optimizer", self.optimizer.name().into()),
             (
+                "data parallel",
+                self.peers.as_ref().map_or(String::new(), |p| {
+                    let measured = match self.shared_heap() {
+                        true => "memory below: all peers together (one process)",
+                        false => "memory below: rank 0's device",
+                    };
+                    format!("{} peers ({}); {measured}", p.len(), p.join(", "))
+                }),
+            ),
+            (
                 "batch",
-                format!(
-                    "{} × accum {} = {} per step",
-                    self.batch_size, self.accum_steps, self.effective_batch
-                ),
+                match &self.peers {
+                    Some(p) => format!(
+                        "{} × accum {} × {} peers = {} per step",
+                        self.batch_size,
+                        self.accum_steps,
+                        p.len(),
+                        self.effective_batch
+                    ),
+                    None => format!(
+                        "{} × accum {} = {} per step",
+                        self.batch_size, self.accum_steps, self.effective_batch
+                    ),
+                },
             ),
             (
                 "lr schedule",
@@ -315,6 +344,11 @@ impl Summary {
         out
     }
 
+    /// Whether the memory figures are several peers' together (CPU peers share one heap).
+    fn shared_heap(&self) -> bool {
+        self.peers.is_some() && self.backend == BackendUsed::Cpu
+    }
+
     /// The peak above what was resident before the model, with what that was and the
     /// prediction: comparable across backends (a GPU's in-use figure holds no data set).
     fn training_peak(&self) -> String {
@@ -322,6 +356,10 @@ impl Summary {
         let (Some(peak), Some(resident)) = (m.training_peak_bytes, m.resident_bytes) else {
             return "n/a".into();
         };
+        if self.shared_heap() {
+            // The estimate is one peer's; the heap holds them all.
+            return format!("{} above {} resident", human(peak), human(resident));
+        }
         let predicted = self.predicted_training_peak_bytes;
         format!(
             "{} above {} resident before the model (predicted {}, measured is {:+.1}%)",
