@@ -5,7 +5,9 @@
 //! `manifest.json`, written and swapped in as one set (see [`super::checkpoint_set`]).
 //!
 //! Resuming continues the *same* run. What defines the data order, the windows, the model and
-//! the precision must not change ([`FIXED_ON_RESUME`]); everything else may (learning rate,
+//! the precision must not change ([`FIXED_ON_RESUME`]), nor the window's size (micro-batch ×
+//! accumulation × peers: a run may resume on another number of peers, or at another
+//! micro-batch, when the product stays); everything else may (learning rate,
 //! schedule length, `max_steps`, `epochs`, output paths, loss-scaling settings, memory
 //! switches), and the new config's loss scaling wins over the saved scale.
 
@@ -57,9 +59,10 @@ impl LoopState {
     }
 }
 
-/// Keys a resumed run must share with the checkpoint's run: the data order (data, seed, batch
-/// and accumulation), the model, the optimizer kind and the precision.
-pub const FIXED_ON_RESUME: [&str; 16] = [
+/// Keys a resumed run must share with the checkpoint's run: the data order (data and seed),
+/// the model, the optimizer kind and the precision. The window (micro-batch × accumulation ×
+/// peers) must stay too ([`window`]); how it splits may change.
+pub const FIXED_ON_RESUME: [&str; 14] = [
     "model.name",
     "model.num_classes",
     "model.input_size",
@@ -70,8 +73,6 @@ pub const FIXED_ON_RESUME: [&str; 16] = [
     "data.train_size",
     "data.eval_size",
     "data.seed",
-    "train.batch_size",
-    "train.accum_steps",
     "train.seed",
     "train.optimizer",
     "precision.mode",
@@ -170,15 +171,25 @@ pub fn read(dir: &Path, settings: &Settings) -> Result<Saved, CheckpointError> {
     };
     let state: LoopState = serde_json::from_slice(&take("state.json"))
         .map_err(|e| corrupt("state.json", format!("not a loop state: {e}")))?;
-    let changed = changed_keys(&state.config, &settings.toml);
+    let mut changed = changed_keys(&state.config, &settings.toml);
+    let saved = crate::config::load_str(&state.config, &set.join("state.json"), &[])
+        .map(|saved| Window::of(&saved))
+        .map_err(|e| corrupt("state.json", format!("its config: {e}")))?;
+    let now = Window::of(settings);
+    if saved.samples() != now.samples() {
+        changed.push(format!(
+            "the window (train.batch_size × train.accum_steps × peers) {saved} → {now}"
+        ));
+    }
     if !changed.is_empty() {
         return Err(CheckpointError::Mismatch {
             dir: dir.to_path_buf(),
             message: format!(
                 "the config changes {} from the checkpoint's run; these define the data order, \
                  the windows, the model or the precision and cannot change on resume (the \
-                 learning rate and its schedule, max_steps, epochs, output paths, loss scaling \
-                 and the [memory] switches can)",
+                 learning rate and its schedule, max_steps, epochs, output paths, loss scaling, \
+                 the [memory] switches and how a window splits into micro-batches and peers \
+                 can)",
                 changed.join(", ")
             ),
         });
@@ -262,6 +273,36 @@ pub fn check_counters(saved: &Saved, per_epoch: usize) -> Result<(), CheckpointE
         }
     }
     Ok(())
+}
+
+/// How a run cuts its windows: micro-batch × accumulation × peers samples an optimizer step,
+/// which decides where every window of the data order begins.
+struct Window {
+    batch: usize,
+    accum: usize,
+    peers: usize,
+}
+
+impl Window {
+    fn of(settings: &Settings) -> Self {
+        let t = &settings.train;
+        let peers = settings.distributed.as_ref().map_or(1, |d| d.devices.len());
+        Self {
+            batch: t.batch_size,
+            accum: t.accum_steps,
+            peers,
+        }
+    }
+
+    fn samples(&self) -> usize {
+        self.batch * self.accum * self.peers
+    }
+}
+
+impl std::fmt::Display for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} × {} × {}", self.batch, self.accum, self.peers)
+    }
 }
 
 /// `key saved → now` for every key of [`FIXED_ON_RESUME`] that differs between two configs

@@ -176,11 +176,12 @@ fn resume_refuses_a_config_that_would_reinterpret_the_run() {
     assert_eq!(
         first_line(&out),
         format!(
-            "error: --resume {checkpoint}: the config changes data.seed 0 → 5, \
-             train.batch_size 64 → 128 from the checkpoint's run; these define the data order, \
-             the windows, the model or the precision and cannot change on resume (the learning \
-             rate and its schedule, max_steps, epochs, output paths, loss scaling and the \
-             [memory] switches can)"
+            "error: --resume {checkpoint}: the config changes data.seed 0 → 5, the window \
+             (train.batch_size × train.accum_steps × peers) 64 × 1 × 1 → 128 × 1 × 1 from the \
+             checkpoint's run; these define the data order, the windows, the model or the \
+             precision and cannot change on resume (the learning rate and its schedule, \
+             max_steps, epochs, output paths, loss scaling, the [memory] switches and how a \
+             window splits into micro-batches and peers can)"
         )
     );
     // A safe change (the learning rate, more epochs) resumes.
