@@ -233,3 +233,55 @@ fn failures_are_reported_as_json_when_asked() {
         "out of memory before training: over memory.budget = 1.0 MiB"
     );
 }
+
+#[test]
+fn bad_distributed_settings_exit_2_with_one_line() {
+    let f32 = "configs/f32.toml";
+    let cases = [
+        (
+            "distributed.devices=[\"gpu\"]",
+            "config error: distributed.devices = [\"gpu\"]: \"gpu\" is not a device: \"cpu\" or \
+             \"cuda:<index>\"",
+        ),
+        (
+            "distributed.devices=[]",
+            "config error: distributed.devices = []: one peer per entry: 1 to 64 devices",
+        ),
+        (
+            "distributed.devices=[\"cpu\",\"cuda:0\"]",
+            "config error: distributed.devices = [\"cpu\", \"cuda:0\"]: every device of one kind: \
+             all \"cpu\" or all \"cuda:<index>\"",
+        ),
+        (
+            "distributed.devices=[\"cuda:0\",\"cuda:0\"]",
+            "config error: distributed.devices = [\"cuda:0\", \"cuda:0\"]: cuda:0 is listed \
+             twice: one peer per CUDA device",
+        ),
+        (
+            "distributed.timeout_s=0",
+            "config error: distributed.timeout_s = 0: seconds a peer waits for the others: 1 to \
+             86400",
+        ),
+        (
+            "distributed.strategy=\"star\"",
+            "config error: distributed.strategy: unknown variant `star`, expected one of `tree`, \
+             `ring`, `centralized`",
+        ),
+    ];
+    for (set, line) in cases {
+        fails_with(&["--config", f32, "--set", set], 2, line);
+    }
+    fails_with(
+        &[
+            "--config",
+            f32,
+            "--backend",
+            "wgpu",
+            "--set",
+            "distributed.devices=[\"cpu\",\"cpu\"]",
+        ],
+        2,
+        "config error: distributed.devices = [\"cpu\", \"cpu\"]: backend.kind = \"wgpu\" cannot \
+         run them (set it to \"cpu\" or \"auto\")",
+    );
+}

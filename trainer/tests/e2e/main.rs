@@ -7,6 +7,8 @@ mod book;
 /// Hostile checkpoints: files that are no regular files, foreign names, records of another run.
 mod checkpoints;
 mod common;
+/// `[distributed]`: peers that equal one device, per-replica batch norm, faults on one peer.
+mod distributed;
 /// Bad configs, flags and data: exact messages and exit codes.
 mod errors;
 /// free_cache, the budget and its diagnosis, `compare`, `find-batch-size`.

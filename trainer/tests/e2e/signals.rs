@@ -428,3 +428,39 @@ fn sigterm_to_find_batch_size_reports_the_trials_so_far_and_leaves_no_child() {
         "the trials' scratch folder is removed"
     );
 }
+
+/// SIGTERM reaches rank 0 only; the stop rides on the window's all-reduce, so both peers of a
+/// data-parallel run end after the same step and rank 0's checkpoint is that step's. It resumes
+/// on one device.
+#[test]
+fn sigterm_stops_every_peer_after_the_same_step() {
+    let dir = temp("sigterm-peers");
+    let manifest = dir.join("checkpoint").join("manifest.json");
+    let mut args = long_run(&dir, "configs/f32.toml");
+    args.extend(["--set", "distributed.devices=[\"cpu\",\"cpu\"]"].map(String::from));
+    let mut run_ = spawn(&args);
+    run_.wait_until("the first checkpoint", |_| manifest.exists());
+    run_.signal(libc::SIGTERM);
+    let (code, lines) = run_.finish();
+    let text = lines.join("\n");
+    assert_eq!(code, Some(143), "{text}");
+    let last = lines.last().unwrap();
+    assert!(last.starts_with("interrupted by SIGTERM"), "{text}");
+    let step = step_of(&dir.join("checkpoint"));
+    assert!(
+        last.contains(&format!("stopped after step {step}")),
+        "{text}"
+    );
+
+    let json = dir.join("s.json");
+    let mut resumed = long_run(&dir, "configs/f32.toml");
+    let more = (step + 1).to_string();
+    let checkpoint = arg(&dir.join("checkpoint"));
+    // One device takes the two peers' 2 × 64 images as one micro-batch: the same window.
+    resumed.extend(["--set", "train.batch_size=128"].map(String::from));
+    resumed.extend(["--resume", &checkpoint, "--max-steps", &more].map(String::from));
+    resumed.extend(["--summary-json".into(), arg(&json)]);
+    let out = run(&resumed.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(summary(&json)["steps"].as_u64(), Some(step + 1));
+}
