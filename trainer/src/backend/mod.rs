@@ -272,6 +272,15 @@ pub fn select_for(settings: &Settings) -> Result<Selected, NoDevice> {
         Some(spec) => match spec.devices[0] {
             DeviceSpec::Cpu => Ok(Selected::Cpu),
             DeviceSpec::Cuda(index) => cuda::probe(index).map(Selected::Cuda),
+            // burn-collective's peers here are CPU or CUDA devices, not wgpu's.
+            DeviceSpec::Selected => match select(settings.backend, settings.cuda_index)? {
+                Selected::Wgpu(_) => Err(NoDevice::Wgpu(
+                    "distributed runs on the CPU or CUDA: set backend.kind or --backend to \
+                     cpu or cuda"
+                        .into(),
+                )),
+                selected => Ok(selected),
+            },
         },
         None => select(settings.backend, settings.cuda_index),
     }
@@ -285,6 +294,7 @@ pub fn cuda_peers(settings: &Settings, first: &CudaDevice) -> Result<Vec<CudaDev
     };
     let probe = |device: &DeviceSpec| match *device {
         DeviceSpec::Cuda(index) if index == first.index => Ok(first.clone()),
+        DeviceSpec::Selected => Ok(first.clone()),
         DeviceSpec::Cuda(index) => cuda::probe(index),
         DeviceSpec::Cpu => Err(NoDevice::Cuda {
             index: first.index,

@@ -1,4 +1,5 @@
-//! `[distributed]`: data parallel over several devices, one peer (a thread) per device.
+//! `[distributed]`: data parallel over several devices, one peer (a thread) per device, on one
+//! node (process) or several.
 
 use std::time::Duration;
 
@@ -12,6 +13,9 @@ pub const MAX_PEERS: usize = 64;
 /// The longest collective timeout accepted: a day.
 pub const MAX_TIMEOUT_S: u64 = 86_400;
 
+/// The most nodes (processes) a run may have.
+pub const MAX_NODES: u32 = 64;
+
 /// One device of a data-parallel run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceSpec {
@@ -19,6 +23,8 @@ pub enum DeviceSpec {
     Cpu,
     /// CUDA device `index`.
     Cuda(usize),
+    /// The one device `backend.kind` selects (a node of a multi-node run without `devices`).
+    Selected,
 }
 
 impl DeviceSpec {
@@ -27,6 +33,7 @@ impl DeviceSpec {
         match self {
             Self::Cpu => BackendKind::Cpu,
             Self::Cuda(_) => BackendKind::Cuda,
+            Self::Selected => BackendKind::Auto,
         }
     }
 
@@ -48,6 +55,7 @@ impl std::fmt::Display for DeviceSpec {
         match self {
             Self::Cpu => f.write_str("cpu"),
             Self::Cuda(i) => write!(f, "cuda:{i}"),
+            Self::Selected => f.write_str("auto"),
         }
     }
 }
@@ -77,6 +85,48 @@ pub struct RawDistributed {
     /// Seconds a peer waits in a collective call before it gives up on the others.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<u64>,
+    /// Processes in the run, each with `devices` (default 1: this process only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u32>,
+    /// This process's place among the nodes: 0 writes the outputs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_rank: Option<u32>,
+    /// The orchestrator every node registers with, `ws://HOST:PORT` (`trainer launch` starts
+    /// one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub orchestrator: Option<String>,
+    /// Where the other nodes reach this one for tensors, `ws://HOST:PORT` (default: 127.0.0.1,
+    /// the orchestrator's port + 1 + node_rank).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_address: Option<String>,
+}
+
+/// This process's part of a run over several nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSpec {
+    /// Nodes in the run.
+    pub count: u32,
+    /// This node's rank.
+    pub rank: u32,
+    /// The orchestrator's address, `ws://HOST:PORT`.
+    pub orchestrator: String,
+    /// This node's address for the others, `ws://HOST:PORT`.
+    pub address: String,
+    /// The port of `address`, where this node serves tensors.
+    pub data_port: u16,
+}
+
+/// `ws://HOST:PORT` split, or `None` when it is not one.
+pub fn ws_address(text: &str) -> Option<(&str, u16)> {
+    let rest = text.strip_prefix("ws://")?;
+    let (host, port) = rest.rsplit_once(':')?;
+    let valid_host = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+    let digits = !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit());
+    let port = digits.then(|| port.parse::<u16>().ok()).flatten()?;
+    (valid_host && port != 0).then_some((host, port))
 }
 
 /// A data-parallel run: which devices, how they reduce, how long a peer waits.
@@ -88,6 +138,26 @@ pub struct DistributedSpec {
     pub strategy: Strategy,
     /// How long a peer waits for the others in one collective call.
     pub timeout: Duration,
+    /// The nodes, when the run spans several processes.
+    pub nodes: Option<NodeSpec>,
+}
+
+impl DistributedSpec {
+    /// Peers over all nodes.
+    pub fn world(&self) -> usize {
+        self.devices.len() * self.nodes.as_ref().map_or(1, |n| n.count as usize)
+    }
+
+    /// The rank over all nodes of this node's `local` peer.
+    pub fn global_rank(&self, local: usize) -> usize {
+        let node = self.nodes.as_ref().map_or(0, |n| n.rank as usize);
+        node * self.devices.len() + local
+    }
+
+    /// Whether this process writes the run's outputs (it holds rank 0).
+    pub fn leads(&self) -> bool {
+        self.nodes.as_ref().is_none_or(|n| n.rank == 0)
+    }
 }
 
 /// The wait before a peer gives up, unless `timeout_s` says otherwise: it bounds a window's
@@ -105,8 +175,21 @@ pub fn validate(
         let allowed = format!("seconds a peer waits for the others: 1 to {MAX_TIMEOUT_S}");
         return Err(out_of_range("distributed.timeout_s", timeout_s, &allowed));
     }
+    let nodes = nodes(raw)?;
+    // A node of several gets one device by default: the one `backend.kind` selects.
+    if let (Some(n), None, BackendKind::Wgpu) = (&nodes, &raw.devices, backend) {
+        let allowed =
+            "backend.kind = \"wgpu\" cannot run a node (set it to \"cpu\", \"cuda\" or \"auto\")";
+        return Err(out_of_range("distributed.nodes", n.count, allowed));
+    }
     let Some(names) = &raw.devices else {
-        return Ok(None);
+        return Ok(nodes.map(|nodes| DistributedSpec {
+            devices: vec![DeviceSpec::Selected],
+            strategy: raw.strategy,
+            timeout: Duration::from_secs(timeout_s),
+            nodes: Some(nodes),
+        }))
+        .and_then(|spec| ring_across(spec, raw));
     };
     let list = format!("{names:?}");
     if names.is_empty() || names.len() > MAX_PEERS {
@@ -140,10 +223,106 @@ pub fn validate(
         );
         return Err(out_of_range("distributed.devices", list, &allowed));
     }
-    Ok(Some(DistributedSpec {
-        devices,
-        strategy: raw.strategy,
-        timeout: Duration::from_secs(timeout_s),
+    ring_across(
+        Some(DistributedSpec {
+            devices,
+            strategy: raw.strategy,
+            timeout: Duration::from_secs(timeout_s),
+            nodes,
+        }),
+        raw,
+    )
+}
+
+/// Refuses a ring over more than two nodes: burn-collective's global ring refuses tensors of
+/// fewer elements than nodes.
+fn ring_across(
+    spec: Option<DistributedSpec>,
+    raw: &RawDistributed,
+) -> Result<Option<DistributedSpec>, ConfigError> {
+    let nodes = spec
+        .as_ref()
+        .and_then(|s| s.nodes.as_ref())
+        .map_or(1, |n| n.count);
+    if nodes > 2 && raw.strategy == Strategy::Ring {
+        let allowed = format!(
+            "burn-collective's ring across {nodes} nodes refuses tensors of fewer elements than \
+             nodes: use \"tree\" or \"centralized\""
+        );
+        return Err(out_of_range("distributed.strategy", "ring", &allowed));
+    }
+    Ok(spec)
+}
+
+/// The nodes of `raw`, when it has more than one.
+fn nodes(raw: &RawDistributed) -> Result<Option<NodeSpec>, ConfigError> {
+    let count = raw.nodes.unwrap_or(1);
+    if !(1..=MAX_NODES).contains(&count) {
+        let allowed = format!("processes in the run: 1 to {MAX_NODES}");
+        return Err(out_of_range("distributed.nodes", count, &allowed));
+    }
+    let rank = raw.node_rank.unwrap_or(0);
+    if rank >= count {
+        let allowed = format!(
+            "this node's rank among distributed.nodes = {count}: 0 to {}",
+            count - 1
+        );
+        return Err(out_of_range("distributed.node_rank", rank, &allowed));
+    }
+    if count == 1 {
+        for (key, value) in [
+            ("distributed.orchestrator", &raw.orchestrator),
+            ("distributed.node_address", &raw.node_address),
+        ] {
+            if let Some(value) = value {
+                let value = format!("{value:?}");
+                return Err(out_of_range(key, value, "only with distributed.nodes > 1"));
+            }
+        }
+        return Ok(None);
+    }
+    let Some(orchestrator) = raw.orchestrator.clone() else {
+        let allowed = "several nodes need distributed.orchestrator = \"ws://HOST:PORT\"";
+        return Err(out_of_range("distributed.nodes", count, allowed));
+    };
+    let Some((_, port)) = ws_address(&orchestrator) else {
+        let allowed = "an address ws://HOST:PORT (HOST a name or IP, PORT 1 to 65535)";
+        return Err(out_of_range(
+            "distributed.orchestrator",
+            format!("{orchestrator:?}"),
+            allowed,
+        ));
+    };
+    let address = match &raw.node_address {
+        Some(address) => address.clone(),
+        None => {
+            let port = u32::from(port) + 1 + rank;
+            if port > u32::from(u16::MAX) {
+                let allowed =
+                    "its port + 1 + node_rank is past 65535: set distributed.node_address";
+                return Err(out_of_range(
+                    "distributed.orchestrator",
+                    format!("{orchestrator:?}"),
+                    allowed,
+                ));
+            }
+            format!("ws://127.0.0.1:{port}")
+        }
+    };
+    let Some((_, data_port)) = ws_address(&address) else {
+        let allowed = "an address ws://HOST:PORT (HOST a name or IP, PORT 1 to 65535)";
+        return Err(out_of_range(
+            "distributed.node_address",
+            format!("{address:?}"),
+            allowed,
+        ));
+    };
+    Ok(Some(NodeSpec {
+        count,
+        rank,
+        orchestrator,
+        address,
+        data_port,
     }))
 }
 
@@ -159,6 +338,31 @@ mod tests {
             "CPU", "cuda", "cuda:", "cuda:+1", "cuda: 1", "cuda:1x", "gpu:0",
         ] {
             assert_eq!(DeviceSpec::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn addresses_parse_strictly() {
+        assert_eq!(
+            ws_address("ws://127.0.0.1:29500"),
+            Some(("127.0.0.1", 29500))
+        );
+        assert_eq!(
+            ws_address("ws://node-3.cluster:80"),
+            Some(("node-3.cluster", 80))
+        );
+        for bad in [
+            "127.0.0.1:29500",
+            "http://a:1",
+            "ws://:1",
+            "ws://a",
+            "ws://a:0",
+            "ws://a:65536",
+            "ws://a:+1",
+            "ws://a b:1",
+            "ws://a:1/x",
+        ] {
+            assert_eq!(ws_address(bad), None, "{bad}");
         }
     }
 }
