@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::NoDevice;
 use crate::config::ConfigError;
 use crate::data::DataError;
+use crate::distributed::DistributedError;
 use crate::memory::diagnosis::OutOfMemory;
 use crate::memory::host::{HostMemory, NothingFits};
 use crate::training::checkpoint_set::CheckpointError;
@@ -68,6 +69,9 @@ impl Exit {
                 _ => Self::Interrupted,
             };
         }
+        if let Some(node) = error.downcast_ref::<crate::commands::launch::NodeFailed>() {
+            return node.exit;
+        }
         if error.downcast_ref::<OutOfMemory>().is_some()
             || error.downcast_ref::<HostMemory>().is_some()
             || error.downcast_ref::<NothingFits>().is_some()
@@ -77,6 +81,8 @@ impl Exit {
             || error.downcast_ref::<DataError>().is_some()
             || error.downcast_ref::<CheckpointError>().is_some()
             || error.downcast_ref::<NoDevice>().is_some()
+            || (error.downcast_ref::<DistributedError>())
+                .is_some_and(DistributedError::is_bad_input)
         {
             Self::BadInput
         } else {

@@ -19,12 +19,34 @@ pub struct Captured<T> {
 /// for it; a message `keep` rejects goes to the previous hook when `chain` (else it is
 /// silenced too). The previous hook is restored before returning.
 pub fn capture<T>(keep: fn(&str) -> bool, chain: bool, f: impl FnOnce() -> T) -> Captured<T> {
+    capture_if(move |info| keep(&message(info.payload())), chain, f)
+}
+
+/// [`capture`] of the panics raised in source files whose path holds one of `files` (a
+/// crate's name: its code panics where it should return an error).
+pub fn capture_from<T>(
+    files: &'static [&'static str],
+    chain: bool,
+    f: impl FnOnce() -> T,
+) -> Captured<T> {
+    let keep = move |info: &panic::PanicHookInfo<'_>| {
+        let file = info.location().map(|l| l.file()).unwrap_or_default();
+        files.iter().any(|f| file.contains(f))
+    };
+    capture_if(keep, chain, f)
+}
+
+fn capture_if<T>(
+    keep: impl Fn(&panic::PanicHookInfo<'_>) -> bool + Send + Sync + 'static,
+    chain: bool,
+    f: impl FnOnce() -> T,
+) -> Captured<T> {
     let first: Arc<Mutex<Option<String>>> = Arc::default();
     let previous = Arc::new(panic::take_hook());
     let (kept, chained) = (first.clone(), previous.clone());
     panic::set_hook(Box::new(move |info| {
         let text = message(info.payload());
-        if keep(&text) {
+        if keep(info) {
             if let Ok(mut first) = kept.lock() {
                 first.get_or_insert(text);
             }

@@ -17,6 +17,7 @@ use burn::collective::{
     self, AllReduceStrategy, CollectiveConfig, CollectiveError, PeerId, ReduceOperation,
 };
 use burn::tensor::backend::{Backend, BackendTypes};
+use burn_communication::Address;
 
 use crate::config::{DistributedSpec, Strategy};
 
@@ -38,20 +39,52 @@ pub enum DistributedError {
     },
     /// The others did not arrive within the timeout.
     #[error(
-        "peer {rank} waited {waited_s} s in {what} for peer{} {} (distributed.timeout_s): \
-         stopped",
-        if missing.len() == 1 { "" } else { "s" },
-        list(missing)
+        "peer {rank} waited {waited_s} s in {what} for {missing} (distributed.timeout_s): stopped"
     )]
     Timeout {
-        /// The waiting peer.
+        /// The waiting peer (its rank over all nodes).
         rank: usize,
         /// Which call: `registration` or `all-reduce N`.
         what: String,
         /// Seconds waited.
         waited_s: u64,
-        /// The peers that had not reached the call.
-        missing: Vec<usize>,
+        /// Who had not reached the call: `peer 1`, `peers 1, 2`, `node 1`, `another node`.
+        missing: String,
+    },
+    /// Another node's connection closed in a collective call (it died or was killed).
+    #[error("peer {rank} lost {node} in {what} (its connection closed): stopped")]
+    NodeLost {
+        /// The peer that noticed.
+        rank: usize,
+        /// Which call.
+        what: String,
+        /// `node N`, or `another node` when more than two run.
+        node: String,
+    },
+    /// The peers run different configs.
+    #[error(
+        "the nodes' configs differ (a hash of each, compared at registration): every node must \
+         run the same config and flags, but for distributed.node_rank and node_address"
+    )]
+    ConfigMismatch,
+    /// Nothing answers at the orchestrator's address.
+    #[error(
+        "distributed.orchestrator = {address:?}: nothing answered there within \
+         distributed.timeout_s ({waited_s} s): start it first (trainer launch starts one)"
+    )]
+    NoOrchestrator {
+        /// The address.
+        address: String,
+        /// Seconds tried.
+        waited_s: u64,
+    },
+    /// This node's port for tensors is taken.
+    #[error("distributed.node_address = {address:?}: cannot listen there: {reason}")]
+    PortTaken {
+        /// The address.
+        address: String,
+        /// The system's reason.
+        reason: String,
     },
     /// A test's fault (`OOMLAB_FAULT`) stopped this peer.
     #[error("failure injected at window {window} (OOMLAB_FAULT)")]
@@ -73,15 +106,29 @@ pub enum DistributedError {
     },
 }
 
+impl DistributedError {
+    /// Whether the error is the user's input (exit 2), not the run failing (exit 1).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            Self::ConfigMismatch | Self::NoOrchestrator { .. } | Self::PortTaken { .. }
+        )
+    }
+}
+
 fn list(ranks: &[usize]) -> String {
     let names: Vec<String> = ranks.iter().map(usize::to_string).collect();
     names.join(", ")
 }
 
-/// What the peers of one run share: each one's progress and failure.
+/// What the peers of one process share: each one's progress and failure.
 #[derive(Debug)]
 pub struct Shared {
     devices: Vec<String>,
+    /// This node's rank and the node count, when the run spans processes.
+    nodes: Option<(usize, usize)>,
+    /// Peers over all nodes.
+    world: usize,
     /// Collective calls each peer has started (registration is call 1).
     calls: Vec<AtomicUsize>,
     /// The first failure of each peer, one line.
@@ -95,18 +142,25 @@ impl Shared {
         let n = spec.devices.len();
         Arc::new(Self {
             devices: spec.devices.iter().map(ToString::to_string).collect(),
+            nodes: (spec.nodes.as_ref()).map(|n| (n.rank as usize, n.count as usize)),
+            world: spec.world(),
             calls: (0..n).map(|_| AtomicUsize::new(0)).collect(),
             failed: Mutex::new(vec![None; n]),
             timeout: spec.timeout,
         })
     }
 
-    /// Peers in the run.
+    /// Peers in the run, over all nodes.
     pub fn peers(&self) -> usize {
-        self.devices.len()
+        self.world
     }
 
-    /// Records that peer `rank` failed (the first reason is kept).
+    /// The rank over all nodes of this node's `local` peer.
+    fn global(&self, local: usize) -> usize {
+        self.nodes.map_or(0, |(node, _)| node) * self.devices.len() + local
+    }
+
+    /// Records that this node's peer `rank` failed (the first reason is kept).
     pub fn fail(&self, rank: usize, reason: &str) {
         let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
         let line = reason.lines().next().unwrap_or_default().to_string();
@@ -120,19 +174,27 @@ impl Shared {
             .enumerate()
             .find_map(|(peer, f)| f.as_ref().filter(|_| peer != rank).map(|r| (peer, r)))?;
         Some(DistributedError::PeerFailed {
-            peer,
+            peer: self.global(peer),
             device: self.devices[peer].clone(),
             reason: reason.clone(),
         })
     }
 
-    fn missing(&self, call: usize) -> Vec<usize> {
+    /// Who had not reached collective call `call`: this node's late peers, or else the
+    /// other nodes (which this process cannot see into).
+    fn missing(&self, call: usize) -> String {
         let started = self.calls.iter().map(|c| c.load(Ordering::SeqCst));
-        started
+        let late: Vec<usize> = started
             .enumerate()
             .filter(|(_, n)| *n < call)
-            .map(|(peer, _)| peer)
-            .collect()
+            .map(|(peer, _)| self.global(peer))
+            .collect();
+        match (late.len(), self.nodes) {
+            (0, Some((me, 2))) => format!("node {}", 1 - me),
+            (0, _) => "another node".into(),
+            (1, _) => format!("peer {}", late[0]),
+            _ => format!("peers {}", list(&late)),
+        }
     }
 }
 
@@ -149,6 +211,9 @@ enum Request<B: Backend> {
 
 /// One peer's connection to the others.
 pub struct Link<B: Backend> {
+    /// Its place among this node's peers.
+    local: usize,
+    /// Its rank over all nodes.
     rank: usize,
     shared: Arc<Shared>,
     requests: SyncSender<Request<B>>,
@@ -158,10 +223,10 @@ pub struct Link<B: Backend> {
 }
 
 impl<B: Backend> Link<B> {
-    /// Registers peer `rank` on `device` with the others of `spec` (waiting for all of them,
-    /// within the timeout).
+    /// Registers this node's peer `local` on `device` with the others of `spec` (waiting for
+    /// all of them, within the timeout).
     pub fn join(
-        rank: usize,
+        local: usize,
         device: B::Device,
         spec: &DistributedSpec,
         shared: Arc<Shared>,
@@ -171,14 +236,31 @@ impl<B: Backend> Link<B> {
             Strategy::Ring => AllReduceStrategy::Ring,
             Strategy::Centralized => AllReduceStrategy::Centralized,
         };
-        let config = CollectiveConfig::default()
+        let mut config = CollectiveConfig::default()
             .with_num_devices(spec.devices.len())
             .with_local_all_reduce_strategy(strategy);
+        if let Some(nodes) = &spec.nodes {
+            let address = |text: &str| {
+                text.parse::<Address>()
+                    .map_err(|e| DistributedError::Collective {
+                        rank: spec.global_rank(local),
+                        what: format!("reading the address {text:?}"),
+                        error: CollectiveError::Other(format!("{e:?}")),
+                    })
+            };
+            config = config
+                .with_num_nodes(nodes.count)
+                .with_global_address(address(&nodes.orchestrator)?)
+                .with_node_address(address(&nodes.address)?)
+                .with_data_service_port(nodes.data_port)
+                .with_global_all_reduce_strategy(strategy);
+        }
+        let rank = spec.global_rank(local);
         let (requests, inbox) = mpsc::sync_channel::<Request<B>>(1);
         let (reply, answers) = mpsc::sync_channel::<Answer<B>>(1);
         let id = PeerId::from(rank);
         std::thread::Builder::new()
-            .name(format!("collective-{rank}"))
+            .name(format!("collective-{local}"))
             .spawn(move || {
                 let registered = collective::register::<B>(id, device, config);
                 let ok = registered.is_ok();
@@ -209,8 +291,9 @@ impl<B: Backend> Link<B> {
                 what: "starting its collective thread".into(),
                 error: CollectiveError::Other(e.to_string()),
             })?;
-        shared.calls[rank].store(1, Ordering::SeqCst);
+        shared.calls[local].store(1, Ordering::SeqCst);
         let mut link = Self {
+            local,
             rank,
             shared,
             requests,
@@ -221,12 +304,12 @@ impl<B: Backend> Link<B> {
         Ok(link)
     }
 
-    /// This peer's rank.
+    /// This peer's rank over all nodes.
     pub fn rank(&self) -> usize {
         self.rank
     }
 
-    /// Peers in the run.
+    /// Peers in the run, over all nodes.
     pub fn peers(&self) -> usize {
         self.shared.peers()
     }
@@ -252,10 +335,10 @@ impl<B: Backend> Link<B> {
 
     fn call(&mut self, request: Request<B>, what: &str) -> Result<Tensors<B>, DistributedError> {
         // A failed peer never arrives: do not start a call the others cannot complete.
-        if let Some(failure) = self.shared.failure_other_than(self.rank) {
+        if let Some(failure) = self.shared.failure_other_than(self.local) {
             return Err(failure);
         }
-        self.shared.calls[self.rank].store(self.calls, Ordering::SeqCst);
+        self.shared.calls[self.local].store(self.calls, Ordering::SeqCst);
         if self.requests.send(request).is_err() {
             return Err(self.worker_gone(what));
         }
@@ -275,7 +358,7 @@ impl<B: Backend> Link<B> {
                 Err(RecvTimeoutError::Disconnected) => return Err(self.worker_gone(what)),
                 Err(RecvTimeoutError::Timeout) => {}
             }
-            if let Some(failure) = self.shared.failure_other_than(self.rank) {
+            if let Some(failure) = self.shared.failure_other_than(self.local) {
                 return Err(failure);
             }
             let waited = started.elapsed();

@@ -4,12 +4,17 @@
 //!
 //! Every peer starts from the same weights (the model is initialised from `train.seed`, or
 //! loaded from the same checkpoint) and applies the same summed gradients, so the replicas stay
-//! equal without ever sending weights. Rank 0 is the run as the user sees it: it holds the
-//! memory probe and the signal handler, writes checkpoints, the step log and the summary, and
-//! evaluates; the others train silently and stop where it stops.
+//! equal without ever sending weights. Rank 0 is the run as the user sees it: it writes
+//! checkpoints, the step log and the summary, and evaluates; the others train silently. Each
+//! node's first peer holds its process's memory probe and signal handler, and a signal on any
+//! node stops every peer after the same window.
+//!
+//! Over several nodes (processes, `distributed.nodes`), each runs this with its own devices;
+//! burn-collective sums within a node, then across nodes through the orchestrator.
 
 mod fault;
 mod link;
+mod nodes;
 mod peer;
 
 use std::sync::mpsc;
@@ -22,16 +27,19 @@ use oomlab_engine::ModelBackend;
 use crate::backend::Selected;
 use crate::config::Settings;
 use crate::memory::{MemoryProbe, NullProbe};
+use crate::panics::{self, Captured};
 use crate::report::summary::Summary;
 use crate::training::{self, RunOptions};
 
 pub use fault::FAULT_ENV;
 pub use link::{DistributedError, Link, Shared};
+pub use nodes::{config_hash, serve_orchestrator};
 pub use peer::{shard, Peer, Reduced};
 
 /// Trains `settings` with one peer per device of `devices` (one device when `[distributed]` is
-/// unset): rank 0 on this thread with `options` and `probe`, the others on threads of their
-/// own. Returns rank 0's summary once every peer has finished.
+/// unset): this node's first peer on this thread with `options` and `probe`, the others on
+/// threads of their own. Returns the first peer's summary once every peer of this node has
+/// finished (over several nodes, only node 0's is the run's).
 pub fn train<B>(
     settings: &Settings,
     devices: Vec<B::Device>,
@@ -47,6 +55,52 @@ where
         let device = devices.into_iter().next().unwrap_or_default();
         return training::train::<B>(settings, device, backend, options, probe, Peer::solo());
     };
+    let Some(nodes) = &spec.nodes else {
+        return peers::<B>(settings, spec, devices, backend, options, probe);
+    };
+    // burn-collective reports a lost node by panicking on its runtime's thread, and the call
+    // waiting on it then fails without a reason: the panic is kept quiet and named instead.
+    let run = || peers::<B>(settings, spec, devices, backend, options, probe);
+    let Captured { result, first } = panics::capture_from(COLLECTIVE_SOURCES, true, run);
+    let result = result.unwrap_or_else(|payload| std::panic::resume_unwind(payload));
+    let panicked = first.is_some();
+    result.map_err(|e| match e.downcast::<DistributedError>() {
+        Ok(DistributedError::Collective { rank, what, error })
+            if panicked || format!("{error:?}").contains("PeerLost") =>
+        {
+            let node = match nodes.count {
+                2 => format!("node {}", 1 - nodes.rank),
+                _ => "another node".into(),
+            };
+            DistributedError::NodeLost { rank, what, node }.into()
+        }
+        Ok(other) => other.into(),
+        Err(e) => e,
+    })
+}
+
+/// Where burn-collective and its websocket layer panic on losing another node (a closed or
+/// reset connection, seen at several places when a node's process was killed mid-run).
+const COLLECTIVE_SOURCES: &[&str] = &["burn-collective", "burn-communication"];
+
+/// [`train`] with `spec`'s peers.
+fn peers<B>(
+    settings: &Settings,
+    spec: &crate::config::DistributedSpec,
+    devices: Vec<B::Device>,
+    backend: &Selected,
+    options: RunOptions,
+    probe: &mut dyn MemoryProbe,
+) -> anyhow::Result<Summary>
+where
+    B: AutodiffBackend + ModelBackend,
+    B::InnerBackend: ModelBackend,
+{
+    if let Some(node) = &spec.nodes {
+        nodes::check_before_joining(node, spec.timeout)?;
+    }
+    // Over several nodes, the peers first agree that they run one config.
+    let hash = spec.nodes.as_ref().map(|_| config_hash(settings));
     let shared = Shared::new(spec);
     let (done, finished) = mpsc::channel::<(usize, Result<(), String>)>();
     for (rank, device) in devices.iter().enumerate().skip(1) {
@@ -67,10 +121,9 @@ where
                 trial,
                 interrupt: None,
             };
-            let result = Link::join(rank, device.clone(), &spec, shared)
+            let result = join(rank, &device, &spec, shared, hash)
                 .map_err(anyhow::Error::from)
-                .and_then(|link| {
-                    let peer = Peer::linked(link);
+                .and_then(|peer| {
                     training::train::<B>(&settings, device, &backend, options, &mut NullProbe, peer)
                 });
             report.send(result.map(drop).map_err(|e| format!("{e:#}")));
@@ -81,18 +134,9 @@ where
     }
     drop(done);
     let device = devices.into_iter().next().unwrap_or_default();
-    let summary = Link::join(0, device.clone(), spec, shared.clone())
+    let summary = join(0, &device, spec, shared.clone(), hash)
         .map_err(anyhow::Error::from)
-        .and_then(|link| {
-            training::train::<B>(
-                settings,
-                device,
-                backend,
-                options,
-                probe,
-                Peer::linked(link),
-            )
-        });
+        .and_then(|peer| training::train::<B>(settings, device, backend, options, probe, peer));
     let summary = match summary {
         Ok(summary) => summary,
         Err(e) => {
@@ -109,7 +153,7 @@ where
             Ok((rank, Err(reason))) => {
                 let device = spec.devices[rank].to_string();
                 return Err(DistributedError::PeerFailed {
-                    peer: rank,
+                    peer: spec.global_rank(rank),
                     device,
                     reason,
                 }
@@ -124,6 +168,22 @@ where
         }
     }
     Ok(summary)
+}
+
+/// Registers this node's peer `local` on `device` and, over several nodes, checks that every
+/// peer's config `hash` is the same.
+fn join<B: burn::tensor::backend::Backend>(
+    local: usize,
+    device: &B::Device,
+    spec: &crate::config::DistributedSpec,
+    shared: Arc<Shared>,
+    hash: Option<[f32; 8]>,
+) -> Result<Peer<B>, DistributedError> {
+    let mut peer = Peer::linked(Link::join(local, device.clone(), spec, shared)?);
+    if let Some(hash) = hash {
+        peer.agree(&hash, device)?;
+    }
+    Ok(peer)
 }
 
 /// A peer thread's end, sent to rank 0: its result, or on a panic the panic's failure. The

@@ -114,22 +114,18 @@ impl<B: Backend> Peer<B> {
         if let Some(fault) = self.fault {
             fault.before_reduce::<B>(self.windows, &mut tensors)?;
         }
-        // The loss part and the stop request ride along as one small tensor.
-        let flags = [loss as f32, stop.unwrap_or(0) as f32];
-        let flags = Tensor::<B, 1>::from_floats(flags, &device);
+        // The loss part and the stop request ride along as one small tensor: the loss, then
+        // one slot per peer for the signal it received, so that the sum keeps each one.
+        let mut flags = vec![0.0; 1 + link.peers()];
+        flags[0] = loss as f32;
+        flags[1 + link.rank()] = stop.unwrap_or(0) as f32;
+        let flags = Tensor::<B, 1>::from_floats(flags.as_slice(), &device);
         tensors.push(flags.into_primitive().tensor());
         let mut sums = link.all_reduce(tensors)?;
-        let flags = sums.pop().map(|t| {
-            let t = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t));
-            t.into_data()
-                .convert::<f32>()
-                .to_vec::<f32>()
-                .unwrap_or_default()
-        });
-        let (loss, signal) = match flags.as_deref() {
-            Some([loss, signal]) => (*loss as f64, *signal),
-            _ => (f64::NAN, 0.0),
-        };
+        let flags = sums.pop().map_or_else(Vec::new, to_vec::<B>);
+        let loss = flags.first().map_or(f64::NAN, |l| f64::from(*l));
+        // The lowest rank's signal, when several peers received one.
+        let stop = flags.iter().skip(1).find(|s| **s != 0.0).map(|s| *s as i32);
         let mut restore = Restore::<AB> {
             sums: sums.into_iter(),
             grads: rest,
@@ -138,9 +134,32 @@ impl<B: Backend> Peer<B> {
         Ok(Reduced {
             grads: restore.grads,
             loss,
-            stop: (signal != 0.0).then_some(signal as i32),
+            stop,
         })
     }
+
+    /// Checks that every peer passes the same `values` (a hash of its config), on `device`.
+    pub fn agree(&mut self, values: &[f32], device: &B::Device) -> Result<(), DistributedError> {
+        let Some(link) = &mut self.link else {
+            return Ok(());
+        };
+        let mine = Tensor::<B, 1>::from_floats(values, device);
+        let sums = link.all_reduce(vec![mine.into_primitive().tensor()])?;
+        let sums = sums.into_iter().next().map_or_else(Vec::new, to_vec::<B>);
+        let world = link.peers() as f32;
+        let same =
+            sums.len() == values.len() && sums.iter().zip(values).all(|(s, v)| *s == v * world);
+        same.then_some(()).ok_or(DistributedError::ConfigMismatch)
+    }
+}
+
+/// A float primitive's values.
+fn to_vec<B: Backend>(t: B::FloatTensorPrimitive) -> Vec<f32> {
+    let t = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t));
+    t.into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .unwrap_or_default()
 }
 
 /// Peer `rank`'s samples of `window` among `peers`: see [`Peer::shard`].
