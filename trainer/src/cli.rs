@@ -92,6 +92,51 @@ pub enum Command {
   trainer find-batch-size --config configs/gpt-small.toml --backend cpu --budget 1GiB \\
       --search seq_len --set model.attention=memory_efficient")]
     FindBatchSize(FindArgs),
+
+    /// Train over several processes on this machine, as over several machines: starts the
+    /// orchestrator and NODES `trainer` processes with the training flags that follow, each
+    /// with its `distributed.node_rank` and a port of its own. Node 0 writes the outputs.
+    #[command(after_help = "Examples:
+  trainer launch --nodes 2 --config configs/amp.toml --backend cpu
+  trainer launch --nodes 2 --config configs/f32.toml --backend cpu \\
+      --set 'distributed.devices=[\"cpu\",\"cpu\"]' --set distributed.timeout_s=60
+On several machines, start one trainer per machine instead, each with the same flags and
+  --set distributed.nodes=N --set distributed.node_rank=R
+  --set distributed.orchestrator=\"ws://HOST:PORT\" --set distributed.node_address=\"ws://ME:PORT\"
+after `trainer orchestrator --port PORT` on HOST.")]
+    Launch(LaunchArgs),
+
+    /// Serve the orchestrator that the nodes of a multi-process run register with, until
+    /// SIGINT or SIGTERM (`trainer launch` starts one itself).
+    Orchestrator(OrchestratorArgs),
+}
+
+/// `trainer launch`
+#[derive(Debug, Args)]
+pub struct LaunchArgs {
+    /// Processes to start, 2 to 64.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..=64))]
+    pub nodes: u32,
+
+    /// The orchestrator's port on 127.0.0.1 [default: a free one].
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: Option<u16>,
+
+    /// The training flags every node gets, as `trainer` itself takes them.
+    #[arg(
+        value_name = "TRAINER FLAGS",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub flags: Vec<String>,
+}
+
+/// `trainer orchestrator`
+#[derive(Debug, Args)]
+pub struct OrchestratorArgs {
+    /// The port to listen on (all interfaces).
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: u16,
 }
 
 /// `trainer compare`

@@ -4,6 +4,7 @@ pub mod child;
 pub mod compare;
 pub mod estimate;
 pub mod find_batch_size;
+pub mod launch;
 pub mod run;
 
 use std::path::Path;
@@ -26,6 +27,11 @@ pub fn run(cli: Cli, interrupt: &Interrupt) -> anyhow::Result<Exit> {
         Some(Command::Estimate(args)) => estimate::run(args, dry),
         Some(Command::Compare(args)) => compare::run(args, dry, interrupt),
         Some(Command::FindBatchSize(args)) => find_batch_size::run(args, dry, interrupt),
+        Some(Command::Launch(args)) => launch::run(args, dry, interrupt),
+        Some(Command::Orchestrator(args)) => match dry {
+            true => dry_run_ok(&format!("an orchestrator on port {}", args.port)),
+            false => crate::distributed::serve_orchestrator(args.port),
+        },
         None => run::run(cli.run, dry, interrupt),
     }?;
     Ok(Exit::Ok)

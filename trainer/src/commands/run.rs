@@ -15,7 +15,7 @@ use crate::memory::heap::{Heap, HeapProbe};
 use crate::memory::host;
 use crate::outputs;
 use crate::training::checkpoint;
-use crate::training::interrupt::{Interrupt, Stopped};
+use crate::training::interrupt::{Interrupt, Interrupted, Stopped};
 use crate::training::RunOptions;
 
 /// Trains, prints the summary table and writes `--summary-json`; after a signal (`interrupt`)
@@ -48,8 +48,11 @@ pub fn run(cli: RunArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()>
         let what = "stopped before training began; nothing was written".into();
         return Err(Stopped { signal, what }.into());
     }
+    // Over several nodes only node 0 writes: the others make no folder and print no summary.
+    let node = settings.distributed.as_ref().and_then(|d| d.nodes.clone());
+    let writes = node.as_ref().is_none_or(|n| n.rank == 0);
     // The output folder stays this run's until it ends (the lock is released with `owned`).
-    let (settings, owned) = match cli.trial {
+    let (settings, owned) = match cli.trial || !writes {
         true => (settings, None),
         false => {
             let (settings, lock) = outputs::prepare(
@@ -61,7 +64,7 @@ pub fn run(cli: RunArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()>
             (settings, Some(lock))
         }
     };
-    if !cli.trial {
+    if !cli.trial && writes {
         let output = settings.train.output_dir.clone();
         interrupt.on_second(move || {
             // Stopped before the first checkpoint: a folder holding nothing but this run's
@@ -122,7 +125,32 @@ pub fn run(cli: RunArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()>
                 true => train::<WgpuCheckpointed>(s, devices, &selected, options, probe),
             }
         }
-    })?;
+    });
+    let summary = match (summary, &node) {
+        (Ok(summary), _) if writes => summary,
+        (Ok(summary), Some(node)) => {
+            eprintln!(
+                "node {} of {}: trained {} steps with the others; node 0 wrote the outputs",
+                node.rank, node.count, summary.steps
+            );
+            return Ok(());
+        }
+        // A stop by a signal: node 0 wrote the checkpoint, this node nothing.
+        (Err(e), Some(node)) if !writes => {
+            return Err(match e.downcast::<Interrupted>() {
+                Ok(i) => Stopped {
+                    signal: i.signal,
+                    what: format!(
+                    "node {} stopped with the others after step {}; node 0 wrote the checkpoint",
+                    node.rank, i.step
+                ),
+                }
+                .into(),
+                Err(e) => e,
+            })
+        }
+        (result, _) => result?,
+    };
     print!("{}", summary.table());
     if let Some(path) = &cli.summary_json {
         summary.write_json(path)?;

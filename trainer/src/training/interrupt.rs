@@ -53,9 +53,9 @@ struct State {
     received: usize,
     /// When the first signal came.
     since: Option<Instant>,
-    /// The running child that signals are forwarded to: set while it runs, cleared under
-    /// this lock once it is reaped, so a forwarded signal never reaches a reused pid.
-    child: Option<u32>,
+    /// The running children that signals are forwarded to: each set while it runs, removed
+    /// under this lock once it is reaped, so a forwarded signal never reaches a reused pid.
+    children: Vec<u32>,
     kept: Kept,
 }
 
@@ -69,7 +69,7 @@ impl Interrupt {
             state: Mutex::new(State {
                 received: 0,
                 since: None,
-                child: None,
+                children: Vec::new(),
                 kept: Box::new(|| "nothing had been written yet".into()),
             }),
         });
@@ -108,41 +108,75 @@ impl Interrupt {
     /// [`CHILD_GRACE`] the signal is forwarded again, and [`CHILD_LAST`] later the child is
     /// killed.
     pub fn wait(&self, child: &mut Child) -> std::io::Result<ExitStatus> {
+        let mut status = None;
+        self.wait_all(std::slice::from_mut(child), |_, s| status = Some(s))?;
+        status.ok_or_else(|| std::io::Error::other("the child was not reaped"))
+    }
+
+    /// Waits for every one of `children`, forwarding every signal to each one still running
+    /// and calling `ended(index, status)` as each ends, bounded once a signal came as
+    /// [`Interrupt::wait`] is.
+    pub fn wait_all(
+        &self,
+        children: &mut [Child],
+        mut ended: impl FnMut(usize, ExitStatus),
+    ) -> std::io::Result<()> {
+        let mut running: Vec<usize> = (0..children.len()).collect();
         {
             let mut state = self.shared.lock();
-            state.child = Some(child.id());
-            if let Some(signal) = self.requested() {
-                forward(child.id(), signal);
+            for child in children.iter() {
+                state.children.push(child.id());
+                if let Some(signal) = self.requested() {
+                    forward(child.id(), signal);
+                }
             }
         }
         let mut again = false;
-        loop {
+        while !running.is_empty() {
             {
                 let mut state = self.shared.lock();
-                match child.try_wait() {
-                    Ok(None) => {}
-                    Ok(Some(status)) => {
-                        state.child = None;
-                        return Ok(status);
+                let mut failure = None;
+                running.retain(|&i| {
+                    let status = match children[i].try_wait() {
+                        Ok(None) => return true,
+                        Ok(Some(status)) => Some(status),
+                        Err(e) => {
+                            failure.get_or_insert(e);
+                            None
+                        }
+                    };
+                    let pid = children[i].id();
+                    state.children.retain(|p| *p != pid);
+                    if let Some(status) = status {
+                        ended(i, status);
                     }
-                    Err(e) => {
-                        state.child = None;
-                        return Err(e);
+                    false
+                });
+                if let Some(e) = failure {
+                    for &i in &running {
+                        let pid = children[i].id();
+                        state.children.retain(|p| *p != pid);
                     }
+                    return Err(e);
                 }
                 let waited = state.since.map(|since| since.elapsed());
                 if let (Some(waited), Some(signal)) = (waited, self.requested()) {
                     if !again && waited > CHILD_GRACE {
-                        forward(child.id(), signal);
+                        for &i in &running {
+                            forward(children[i].id(), signal);
+                        }
                         again = true;
                     } else if waited > CHILD_GRACE + CHILD_LAST {
-                        // The child ignored two signals: it is ended, not left running.
-                        let _ = child.kill();
+                        // The children ignored two signals: they are ended, not left running.
+                        for &i in &running {
+                            let _ = children[i].kill();
+                        }
                     }
                 }
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        Ok(())
     }
 }
 
@@ -165,7 +199,7 @@ impl Shared {
     fn received(&self, signal: i32) {
         let mut state = self.lock();
         state.received += 1;
-        if let Some(pid) = state.child {
+        for &pid in &state.children {
             forward(pid, signal);
         }
         // A progress bar may be drawn on a terminal: the line starts on its own.
@@ -222,8 +256,8 @@ fn leave_the_terminal() {
     }
 }
 
-/// Sends `signal` to the child `pid`.
-fn forward(pid: u32, signal: i32) {
+/// Sends `signal` to the child `pid`, which the caller has not reaped.
+pub(crate) fn forward(pid: u32, signal: i32) {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return;
     };
