@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::{BackendUsed, Selected};
 use crate::config::{
-    AutotuneCache, Checkpointing, FreeCache, Fuse, Mistakes, OptimizerName, PrecisionMode,
-    ScheduleName, Settings,
+    AutotuneCache, Checkpointing, DeviceSpec, FreeCache, Fuse, Mistakes, OptimizerName,
+    PrecisionMode, ScheduleName, Settings,
 };
 use crate::memory::estimate::{estimate, Target};
 use crate::memory::{human, MemoryReport};
@@ -38,6 +38,9 @@ pub struct Summary {
     /// Data-parallel peers' devices, rank 0 first (absent on one device).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peers: Option<Vec<String>>,
+    /// Processes the peers ran in (absent on one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u32>,
     /// Micro-batch size (one forward/backward, on each peer).
     pub batch_size: usize,
     pub accum_steps: usize,
@@ -122,7 +125,7 @@ impl Summary {
         let predicted = e.predicted_peak();
         let eval = record.eval();
         let d = settings.distributed.as_ref();
-        let peers = d.map_or(1, |d| d.devices.len());
+        let peers = d.map_or(1, |d| d.world());
         let full = t.effective_batch() * peers;
         let window = record.largest_window().map_or(full, |w| w.min(full));
         Self {
@@ -138,7 +141,18 @@ impl Summary {
             skipped_steps: stepper.skipped,
             updates_lost: record.updates_lost(),
             optimizer: t.optimizer,
-            peers: d.map(|d| d.devices.iter().map(ToString::to_string).collect()),
+            nodes: d.and_then(|d| d.nodes.as_ref()).map(|n| n.count),
+            // Every node's devices, node 0's first.
+            peers: d.map(|d| {
+                let name = |device: &DeviceSpec| match device {
+                    DeviceSpec::Selected => backend.kind().name().to_string(),
+                    device => device.to_string(),
+                };
+                let nodes = d.nodes.as_ref().map_or(1, |n| n.count as usize);
+                (0..nodes)
+                    .flat_map(|_| d.devices.iter().map(name))
+                    .collect()
+            }),
             // What the run really used: a split smaller than the window caps both.
             batch_size: t.batch_size.min(window),
             accum_steps: t.accum_steps,
@@ -187,7 +201,9 @@ impl Summary {
             // estimate is one peer's.
             prediction_error: memory
                 .peak_bytes
-                .filter(|_| peers == 1 || !matches!(backend, Selected::Cpu))
+                .filter(|_| {
+                    d.is_none_or(|d| d.devices.len() == 1) || !matches!(backend, Selected::Cpu)
+                })
                 .map(|b| error(b, predicted)),
             memory,
         }
@@ -221,10 +237,14 @@ impl Summary {
                 "data parallel",
                 self.peers.as_ref().map_or(String::new(), |p| {
                     let measured = match self.shared_heap() {
-                        true => "memory below: all peers together (one process)",
+                        true => "memory below: this process's peers together",
                         false => "memory below: rank 0's device",
                     };
-                    format!("{} peers ({}); {measured}", p.len(), p.join(", "))
+                    let nodes = match self.nodes {
+                        Some(n) => format!(" over {n} processes"),
+                        None => String::new(),
+                    };
+                    format!("{} peers ({}){nodes}; {measured}", p.len(), p.join(", "))
                 }),
             ),
             (
@@ -346,7 +366,9 @@ impl Summary {
 
     /// Whether the memory figures are several peers' together (CPU peers share one heap).
     fn shared_heap(&self) -> bool {
-        self.peers.is_some() && self.backend == BackendUsed::Cpu
+        let per_process =
+            (self.peers.as_ref()).map_or(1, |p| p.len() / self.nodes.unwrap_or(1) as usize);
+        per_process > 1 && self.backend == BackendUsed::Cpu
     }
 
     /// The peak above what was resident before the model, with what that was and the

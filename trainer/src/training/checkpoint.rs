@@ -286,7 +286,7 @@ struct Window {
 impl Window {
     fn of(settings: &Settings) -> Self {
         let t = &settings.train;
-        let peers = settings.distributed.as_ref().map_or(1, |d| d.devices.len());
+        let peers = settings.distributed.as_ref().map_or(1, |d| d.world());
         Self {
             batch: t.batch_size,
             accum: t.accum_steps,
