@@ -1,6 +1,12 @@
 //! `[distributed]`: data parallel over peers that are threads of one process, on the CPU.
 
-use super::common::{arg, curve_gap, losses, run, run_env, stderr, summary, temp};
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::common::{arg, binary, curve_gap, losses, root, run, run_env, stderr, summary, temp};
 
 const TWO_CPUS: &str = "distributed.devices=[\"cpu\",\"cpu\"]";
 
@@ -238,4 +244,241 @@ fn a_peer_that_stops_answering_ends_the_run_within_the_timeout() {
     );
     // Bounded: the timeout plus two steps, not a hang (no assertion on how fast).
     println!("ended after {:?}", started.elapsed());
+}
+
+// Over several processes (nodes).
+
+/// The flags of a run of 256 images in micro-batches of 8, one epoch, into `dir`.
+fn small_run(config: &str, dir: &Path, sets: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["--config", config, "--backend", "cpu"]
+        .map(String::from)
+        .to_vec();
+    let out_dir = format!("train.output_dir={}", arg(dir));
+    let base = [
+        "data.train_size=256",
+        "data.eval_size=32",
+        "train.batch_size=8",
+        "train.epochs=1",
+    ];
+    for set in base.iter().chain(sets).copied().chain([out_dir.as_str()]) {
+        args.extend(["--set".to_string(), set.to_string()]);
+    }
+    args
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn launch_over_two_processes_equals_the_threaded_run() {
+    for (config, devices, threads, tolerance) in [
+        // Two peers: a + b is b + a, so the sums are the same bits.
+        (
+            "configs/f32.toml",
+            "distributed.devices=[\"cpu\"]",
+            TWO_CPUS,
+            0.0,
+        ),
+        // Four: the two nodes' sums are added in another order than four threads' are.
+        (
+            "configs/amp.toml",
+            TWO_CPUS,
+            "distributed.devices=[\"cpu\",\"cpu\",\"cpu\",\"cpu\"]",
+            1e-5,
+        ),
+    ] {
+        let (launched, threaded) = (temp("dp-launch"), temp("dp-threads"));
+        let mut args = vec!["launch".to_string(), "--nodes".into(), "2".into()];
+        args.extend(small_run(
+            config,
+            &launched,
+            &[devices, "distributed.timeout_s=60"],
+        ));
+        let out = run(&strs(&args));
+        assert!(out.status.success(), "{config}: {}", stderr(&out));
+        let steps = if devices == TWO_CPUS { 8 } else { 16 };
+        assert!(
+            stderr(&out).contains(&format!(
+                "node 1 of 2: trained {steps} steps with the others; node 0 wrote the outputs"
+            )),
+            "{}",
+            stderr(&out)
+        );
+        let out = run(&strs(&small_run(config, &threaded, &[threads])));
+        assert!(out.status.success(), "{config}: {}", stderr(&out));
+        let (a, b) = (losses(&launched), losses(&threaded));
+        assert_eq!(a.len(), steps, "many windows, not one all-reduce");
+        let gap = curve_gap(&a, &b);
+        assert!(gap <= tolerance, "{config}: {a:?} vs {b:?}: {gap:e}");
+    }
+}
+
+/// A process of this test, killed when the test ends however it ends.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(args: &[String]) -> Process {
+    let child = Command::new(binary())
+        .args(args)
+        .current_dir(root())
+        .env("OOMLAB_NO_CUDA", "1")
+        .env("OOMLAB_NO_WGPU", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn trainer");
+    Process(child)
+}
+
+/// Waits (at most five minutes) for `process` to end; its exit code and stderr.
+fn finish(mut process: Process) -> (Option<i32>, String) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while process.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "no exit within five minutes");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut text = String::new();
+    if let Some(mut pipe) = process.0.stderr.take() {
+        let _ = pipe.read_to_string(&mut text);
+    }
+    (process.0.wait().unwrap().code(), text)
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// An orchestrator on a free port, and the `--set`s that make node `rank` of 2 use it.
+fn orchestrator() -> (Process, impl Fn(u32) -> Vec<String>) {
+    let port = free_port();
+    let process = start(&["orchestrator".into(), "--port".into(), port.to_string()]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the orchestrator did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let node = move |rank: u32| {
+        let data = free_port();
+        [
+            "distributed.nodes=2".to_string(),
+            format!("distributed.node_rank={rank}"),
+            format!("distributed.orchestrator=\"ws://127.0.0.1:{port}\""),
+            format!("distributed.node_address=\"ws://127.0.0.1:{data}\""),
+        ]
+        .into_iter()
+        .flat_map(|set| ["--set".to_string(), set])
+        .collect()
+    };
+    (process, node)
+}
+
+#[test]
+fn a_killed_node_ends_the_other_within_the_timeout_with_one_line() {
+    let (_orchestrator, node) = orchestrator();
+    let (dir0, dir1) = (temp("dp-kill-0"), temp("dp-kill-1"));
+    let sets = [
+        "train.epochs=1000",
+        "train.checkpoint_every=1",
+        "distributed.timeout_s=3",
+    ];
+    let node0 = start(&[small_run("configs/f32.toml", &dir0, &sets), node(0)].concat());
+    let mut node1 = start(&[small_run("configs/f32.toml", &dir1, &sets), node(1)].concat());
+    let manifest = dir0.join("checkpoint").join("manifest.json");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !manifest.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint within five minutes"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    node1.0.kill().unwrap();
+    let (code, text) = finish(node0);
+    assert_eq!(code, Some(1), "{text}");
+    // One line names the lost node: burn-collective notices the closed connection, or (should
+    // it not) the wait runs out.
+    let last = text.lines().last().unwrap_or_default();
+    let lost = last.starts_with("error: peer 0 lost node 1 in all-reduce ")
+        && last.ends_with(" (its connection closed): stopped");
+    let timed_out = last.starts_with("error: peer 0 waited 3 s in all-reduce ")
+        && last.ends_with(" for node 1 (distributed.timeout_s): stopped");
+    assert!(lost || timed_out, "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    // The last checkpoint is whole: it resumes, here on one device at the doubled batch, and
+    // takes one step more.
+    let state = std::fs::read_to_string(dir0.join("checkpoint").join("state.json")).unwrap();
+    let step = serde_json::from_str::<serde_json::Value>(&state).unwrap()["step"]
+        .as_u64()
+        .unwrap();
+    let json = dir0.join("resumed.json");
+    let resumed = run(&strs(
+        &[
+            small_run("configs/f32.toml", &dir0, &["train.batch_size=16"]),
+            vec!["--max-steps".into(), (step + 1).to_string()],
+            vec!["--resume".into(), arg(&dir0.join("checkpoint"))],
+            vec!["--summary-json".into(), arg(&json)],
+        ]
+        .concat(),
+    ));
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert_eq!(summary(&json)["steps"].as_u64(), Some(step + 1));
+}
+
+#[test]
+fn nodes_with_different_configs_exit_2_with_one_line() {
+    let (_orchestrator, node) = orchestrator();
+    let (dir0, dir1) = (temp("dp-mismatch-0"), temp("dp-mismatch-1"));
+    let node0 = start(
+        &[
+            small_run("configs/f32.toml", &dir0, &["distributed.timeout_s=30"]),
+            node(0),
+        ]
+        .concat(),
+    );
+    let node1 = start(
+        &[
+            small_run(
+                "configs/f32.toml",
+                &dir1,
+                &["distributed.timeout_s=30", "train.lr=0.002"],
+            ),
+            node(1),
+        ]
+        .concat(),
+    );
+    let line =
+        "error: the nodes' configs differ (a hash of each, compared at registration): every \
+                node must run the same config and flags, but for distributed.node_rank and \
+                node_address";
+    for process in [node0, node1] {
+        let (code, text) = finish(process);
+        assert_eq!(code, Some(2), "{text}");
+        assert_eq!(text.lines().last(), Some(line), "{text}");
+    }
+}
+
+#[test]
+fn a_node_without_its_orchestrator_exits_2_with_one_line() {
+    let dir = temp("dp-no-orchestrator");
+    let port = free_port();
+    let address = format!("distributed.orchestrator=\"ws://127.0.0.1:{port}\"");
+    let sets = ["distributed.nodes=2", &address, "distributed.timeout_s=1"];
+    let out = run(&strs(&small_run("configs/f32.toml", &dir, &sets)));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: distributed.orchestrator = \"ws://127.0.0.1:{port}\": nothing answered there \
+             within distributed.timeout_s (1 s): start it first (trainer launch starts one)\n"
+        )
+    );
 }

@@ -285,3 +285,60 @@ fn bad_distributed_settings_exit_2_with_one_line() {
          run them (set it to \"cpu\" or \"auto\")",
     );
 }
+
+#[test]
+fn bad_node_settings_and_launch_flags_exit_2_with_one_line() {
+    let f32 = "configs/f32.toml";
+    let nodes = "distributed.nodes=2";
+    let at = "distributed.orchestrator=\"ws://127.0.0.1:80\"";
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &[nodes],
+            "config error: distributed.nodes = 2: several nodes need distributed.orchestrator = \
+             \"ws://HOST:PORT\"",
+        ),
+        (
+            &[nodes, "distributed.orchestrator=\"127.0.0.1:80\""],
+            "config error: distributed.orchestrator = \"127.0.0.1:80\": an address \
+             ws://HOST:PORT (HOST a name or IP, PORT 1 to 65535)",
+        ),
+        (
+            &[nodes, at, "distributed.node_rank=2"],
+            "config error: distributed.node_rank = 2: this node's rank among distributed.nodes = \
+             2: 0 to 1",
+        ),
+        (
+            &[at],
+            "config error: distributed.orchestrator = \"ws://127.0.0.1:80\": only with \
+             distributed.nodes > 1",
+        ),
+        (
+            &["distributed.nodes=3", at, "distributed.strategy=\"ring\""],
+            "config error: distributed.strategy = ring: burn-collective's ring across 3 nodes \
+             refuses tensors of fewer elements than nodes: use \"tree\" or \"centralized\"",
+        ),
+    ];
+    for (sets, line) in cases {
+        let mut args = vec!["--config", f32];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        fails_with(&args, 2, line);
+    }
+    fails_with(
+        &["launch", "--nodes", "2", "--config", f32, "--set", nodes],
+        2,
+        "config error: --set distributed.nodes=2: trainer launch sets the nodes, their ranks and \
+         addresses: leave it out",
+    );
+    fails_with(
+        &["launch", "--nodes", "2", "--bogus"],
+        2,
+        "config error: trainer launch: its training flags: unexpected argument '--bogus' found",
+    );
+    fails_with(
+        &["launch", "--nodes", "2", "estimate"],
+        2,
+        "config error: trainer launch: runs training: give it training flags, not a command",
+    );
+}
