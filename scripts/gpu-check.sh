@@ -8,7 +8,9 @@
 #   4. an out-of-memory: a run sized past the device, exit 3 with the ranked fixes, and the
 #      checkpoint an earlier run left in the same folder still intact (it resumes);
 #   5. find-batch-size against the device's real free memory (CUDA) or a budget (wgpu);
-#   6. estimate against measured, from the compare report.
+#   6. estimate against measured, from the compare report;
+#   7. with more than one CUDA GPU: data parallel over two of them against one GPU at the
+#      doubled micro-batch (the loss curves must agree; images/s and memory per device).
 #
 # usage: scripts/gpu-check.sh BACKEND OUTDIR [--small]
 #   BACKEND  cuda | wgpu
@@ -137,5 +139,34 @@ block "$out/find.out" "$out/find.err"
 say
 say "## 6. Estimate against measured"
 say "The compare report above: 'predicted' against 'peak in use' per config."
+say
+say "## 7. More than one GPU"
+gpus=0
+if [[ "$backend" == cuda ]] && command -v nvidia-smi >/dev/null; then
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+fi
+if (( gpus > 1 )); then
+    for run in one two; do
+        if [[ $run == one ]]; then
+            dp=(--set train.batch_size=128)
+        else
+            dp=(--set train.batch_size=64 --set 'distributed.devices=["cuda:0","cuda:1"]')
+        fi
+        step "dp-$run" 300 "$trainer" --config configs/amp.toml --backend cuda \
+            --max-steps "$steps" "${sets[@]}" "${dp[@]}" \
+            --set train.output_dir="$out/dp-$run" --overwrite
+        grep -E '^  (data parallel|batch|images/s|peak in use|device used peak|final train loss) ' \
+            "$out/dp-$run.out" >"$out/dp-$run.rows"
+        cat "$out/dp-$run.err" >>"$out/dp-$run.rows"
+        block "$out/dp-$run.rows"
+    done
+    say "Step losses, one GPU at 128 | two GPUs at 64 each (equal up to summation order):"
+    paste -d' ' <(cut -d, -f3 "$out/dp-one/steps.csv") <(cut -d, -f3 "$out/dp-two/steps.csv") \
+        >"$out/dp-losses" 2>&1
+    block "$out/dp-losses"
+else
+    say "skipped: $gpus CUDA GPU(s) visible; it needs two."
+fi
+
 say
 say "Done: $report"
