@@ -224,7 +224,8 @@ where
     // Every peer reduced its last window: they leave together, before rank 0 evaluates alone.
     peer.finish()?;
     record.finish();
-    if let (Some(timeline), false) = (probe.timeline(), options.trial) {
+    // Only rank 0 writes: another node's first peer holds a probe too, but no folder.
+    if let (Some(timeline), false, true) = (probe.timeline(), options.trial, leader) {
         crate::report::timeline::write(&t.output_dir, &timeline)?;
     }
     // A run that ends mid-epoch is saved and evaluated at its end too.

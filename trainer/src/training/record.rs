@@ -64,6 +64,8 @@ pub struct Record {
     eval: Option<EvalResult>,
     output_dir: PathBuf,
     scaled: bool,
+    /// Another peer writes the run's files: this one writes none.
+    silent: bool,
 }
 
 impl Record {
@@ -91,12 +93,14 @@ impl Record {
             eval: None,
             output_dir: settings.train.output_dir.clone(),
             scaled: settings.precision.loss_scale != LossScaleSpec::Off,
+            silent: false,
         }
     }
 
     /// Shows no progress (a data-parallel peer other than rank 0: rank 0's bar is the run's).
     pub fn silence(&mut self) {
         self.progress.silence();
+        self.silent = true;
     }
 
     /// A window begins: its time, step counter and loss scale are noted.
@@ -220,6 +224,9 @@ impl Record {
 
     /// Writes steps.csv (and loss_scale.svg with scaling on) into the output folder.
     pub fn write_log(&self) -> anyhow::Result<()> {
+        if self.silent {
+            return Ok(());
+        }
         self.log.write(&self.output_dir, self.scaled)
     }
 
