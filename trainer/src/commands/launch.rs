@@ -24,7 +24,12 @@ use crate::training::interrupt::{forward, Interrupt, Stopped, PARENT_PID_ENV};
 /// How long the orchestrator gets to start listening.
 const ORCHESTRATOR_START: Duration = Duration::from_secs(30);
 
-/// How long the orchestrator gets to stop after SIGTERM, before it is killed.
+/// How long the other nodes get past `distributed.timeout_s` after one failed, before they
+/// are killed.
+const NODE_GRACE: Duration = Duration::from_secs(30);
+
+/// How long the orchestrator (or a node left running) gets to stop after SIGTERM, before it is
+/// killed.
 const ORCHESTRATOR_STOP: Duration = Duration::from_secs(5);
 
 /// A node ended badly: the launch ends as that node did.
@@ -78,11 +83,17 @@ pub fn run(args: LaunchArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result
         &run.config.overrides,
         run.flag_overrides(),
     );
-    // Every node's settings are these with its rank: checked once here, before anything runs.
-    let port = match args.port {
-        Some(port) => port,
-        None => free_port()?.1,
+    // Every port is held until all are chosen, so no two of them are the same.
+    let orchestrator_port = match args.port {
+        Some(port) => TcpListener::bind(("0.0.0.0", port))
+            .map(|listener| (listener, port))
+            .map_err(|e| ConfigError::Key {
+                key: format!("trainer launch --port {port}"),
+                message: format!("cannot listen there: {e}"),
+            })?,
+        None => free_port()?,
     };
+    let port = orchestrator_port.1;
     let orchestrator = format!("ws://127.0.0.1:{port}");
     let node_sets = |rank: u32, data_port: u16| {
         vec![
@@ -92,8 +103,10 @@ pub fn run(args: LaunchArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result
             format!("distributed.node_address=\"ws://127.0.0.1:{data_port}\""),
         ]
     };
+    // Every node's settings are these with its rank: checked once here, before anything runs.
     let check = [overrides.clone(), node_sets(0, 1)].concat();
-    settings(config, &check, &flags, Purpose::Train)?;
+    let checked = settings(config, &check, &flags, Purpose::Train)?;
+    let timeout = checked.distributed.map_or(Duration::ZERO, |d| d.timeout);
     if dry {
         return dry_run_ok(&format!("{} nodes would start", args.nodes));
     }
@@ -101,16 +114,15 @@ pub fn run(args: LaunchArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result
         let what = "stopped before any node started".into();
         return Err(Stopped { signal, what }.into());
     }
-    // Every port is held until all are chosen, so no two nodes get the same one.
     let held: Vec<(TcpListener, u16)> = (0..args.nodes)
         .map(|_| free_port())
         .collect::<anyhow::Result<_>>()?;
     let ports: Vec<u16> = held.iter().map(|(_, p)| *p).collect();
-    drop(held);
+    drop((held, orchestrator_port));
 
     let exe = std::env::current_exe().context("finding the trainer executable")?;
     let mut orchestrator_process = Orchestrator(start_orchestrator(&exe, port)?);
-    let mut nodes = Vec::with_capacity(ports.len());
+    let mut nodes = Nodes(Vec::with_capacity(ports.len()));
     for (rank, data_port) in (0..args.nodes).zip(&ports) {
         let mut command = Command::new(&exe);
         command.args(&args.flags);
@@ -123,10 +135,14 @@ pub fn run(args: LaunchArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result
             .process_group(0)
             .spawn()
             .with_context(|| format!("starting node {rank}"))?;
-        nodes.push(child);
+        nodes.0.push(child);
     }
     let mut ends: Vec<(u32, ExitStatus)> = Vec::new();
-    let waited = interrupt.wait_all(&mut nodes, |i, status| ends.push((i as u32, status)));
+    // A failed node ends the others within their timeout; a grace beyond it bounds the rest.
+    let linger = Some(timeout + NODE_GRACE);
+    let waited = interrupt.wait_all(&mut nodes.0, linger, |i, status| {
+        ends.push((i as u32, status))
+    });
     orchestrator_process.stop();
     waited.context("waiting for the nodes")?;
 
@@ -189,11 +205,11 @@ fn start_orchestrator(exe: &std::path::Path, port: u16) -> anyhow::Result<Child>
         .context("starting the orchestrator")?;
     let started = Instant::now();
     loop {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(child);
-        }
         if let Some(status) = child.try_wait()? {
             anyhow::bail!("the orchestrator on port {port} ended at start ({status})");
+        }
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(child);
         }
         if started.elapsed() > ORCHESTRATOR_START {
             let _ = child.kill();
@@ -211,25 +227,46 @@ fn start_orchestrator(exe: &std::path::Path, port: u16) -> anyhow::Result<Child>
 struct Orchestrator(Child);
 
 impl Orchestrator {
-    /// SIGTERM, then a bounded wait, then SIGKILL.
     fn stop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            forward(self.0.id(), libc::SIGTERM);
-        }
-        let started = Instant::now();
-        while started.elapsed() < ORCHESTRATOR_STOP {
-            if !matches!(self.0.try_wait(), Ok(None)) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        stop(std::slice::from_mut(&mut self.0));
     }
 }
 
 impl Drop for Orchestrator {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// The nodes started: those still running when the launch ends early (a node that could not
+/// start, a failed wait) are stopped, not left training on their own.
+struct Nodes(Vec<Child>);
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        stop(&mut self.0);
+    }
+}
+
+/// SIGTERM to each of `children` still running, a bounded wait, then SIGKILL and reaping.
+fn stop(children: &mut [Child]) {
+    for child in children.iter_mut() {
+        if let Ok(None) = child.try_wait() {
+            forward(child.id(), libc::SIGTERM);
+        }
+    }
+    let started = Instant::now();
+    while started.elapsed() < ORCHESTRATOR_STOP {
+        if children
+            .iter_mut()
+            .all(|c| !matches!(c.try_wait(), Ok(None)))
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for child in children.iter_mut() {
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }

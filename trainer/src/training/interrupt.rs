@@ -109,18 +109,21 @@ impl Interrupt {
     /// killed.
     pub fn wait(&self, child: &mut Child) -> std::io::Result<ExitStatus> {
         let mut status = None;
-        self.wait_all(std::slice::from_mut(child), |_, s| status = Some(s))?;
+        self.wait_all(std::slice::from_mut(child), None, |_, s| status = Some(s))?;
         status.ok_or_else(|| std::io::Error::other("the child was not reaped"))
     }
 
     /// Waits for every one of `children`, forwarding every signal to each one still running
     /// and calling `ended(index, status)` as each ends, bounded once a signal came as
-    /// [`Interrupt::wait`] is.
+    /// [`Interrupt::wait`] is, and `linger` after the first child that failed, when given:
+    /// the rest are then killed.
     pub fn wait_all(
         &self,
         children: &mut [Child],
+        linger: Option<Duration>,
         mut ended: impl FnMut(usize, ExitStatus),
     ) -> std::io::Result<()> {
+        let mut failed_at: Option<Instant> = None;
         let mut running: Vec<usize> = (0..children.len()).collect();
         {
             let mut state = self.shared.lock();
@@ -148,10 +151,20 @@ impl Interrupt {
                     let pid = children[i].id();
                     state.children.retain(|p| *p != pid);
                     if let Some(status) = status {
+                        if !status.success() {
+                            failed_at.get_or_insert_with(Instant::now);
+                        }
                         ended(i, status);
                     }
                     false
                 });
+                if let (Some(at), Some(linger)) = (failed_at, linger) {
+                    if at.elapsed() > linger {
+                        for &i in &running {
+                            let _ = children[i].kill();
+                        }
+                    }
+                }
                 if let Some(e) = failure {
                     for &i in &running {
                         let pid = children[i].id();
