@@ -30,6 +30,7 @@ use crate::memory::{MemoryProbe, NullProbe};
 use crate::panics::{self, Captured};
 use crate::report::summary::Summary;
 use crate::training::{self, RunOptions};
+use burn::collective::CollectiveError;
 
 pub use fault::FAULT_ENV;
 pub use link::{DistributedError, Link, Shared};
@@ -63,20 +64,47 @@ where
     let run = || peers::<B>(settings, spec, devices, backend, options, probe);
     let Captured { result, first } = panics::capture_from(COLLECTIVE_SOURCES, true, run);
     let result = result.unwrap_or_else(|payload| std::panic::resume_unwind(payload));
-    let panicked = first.is_some();
     result.map_err(|e| match e.downcast::<DistributedError>() {
-        Ok(DistributedError::Collective { rank, what, error })
-            if panicked || format!("{error:?}").contains("PeerLost") =>
-        {
-            let node = match nodes.count {
-                2 => format!("node {}", 1 - nodes.rank),
-                _ => "another node".into(),
-            };
-            DistributedError::NodeLost { rank, what, node }.into()
+        Ok(DistributedError::Collective { rank, what, error }) => {
+            let reason = first.unwrap_or_else(|| format!("{error:?}"));
+            if lost_a_node(&reason) {
+                let node = match nodes.count {
+                    2 => format!("node {}", 1 - nodes.rank),
+                    _ => "another node".into(),
+                };
+                DistributedError::NodeLost { rank, what, node }.into()
+            } else {
+                let reason = reason.lines().next().unwrap_or_default().to_string();
+                DistributedError::Collective {
+                    rank,
+                    what,
+                    error: CollectiveError::Other(reason),
+                }
+                .into()
+            }
         }
         Ok(other) => other.into(),
         Err(e) => e,
     })
+}
+
+/// Whether burn-collective's panic or error is about a lost connection to another node: the
+/// messages seen when a node's process was killed mid-run.
+fn lost_a_node(reason: &str) -> bool {
+    [
+        "PeerLost",
+        "connect to data server",
+        "connect to peer",
+        "Peer closed connection",
+        "Failed to receive message from websocket",
+        "ConnectionReset",
+        "Connection reset",
+        "ResetWithoutClosingHandshake",
+        "ConnectionClosed",
+        "Axum(",
+    ]
+    .iter()
+    .any(|m| reason.contains(m))
 }
 
 /// Where burn-collective and its websocket layer panic on losing another node (a closed or
