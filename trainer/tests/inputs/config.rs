@@ -62,7 +62,7 @@ fn unknown_keys_name_the_key_and_the_allowed_ones() {
     assert_eq!(
         error("[optimiser]\n", &[]),
         "optimiser: unknown field `optimiser`, expected one of `model`, `data`, `train`, `precision`, \
-         `backend`, `memory`, `mistakes`"
+         `backend`, `memory`, `distributed`, `mistakes`"
     );
     assert_eq!(
         error("", &["mistakes.leak=true"]),
