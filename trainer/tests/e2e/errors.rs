@@ -342,3 +342,26 @@ fn bad_node_settings_and_launch_flags_exit_2_with_one_line() {
         "config error: trainer launch: runs training: give it training flags, not a command",
     );
 }
+
+#[test]
+fn launch_on_a_taken_port_exits_2_before_anything_starts() {
+    let taken = std::net::TcpListener::bind(("0.0.0.0", 0)).unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let args = [
+        "launch",
+        "--nodes",
+        "2",
+        "--port",
+        &port,
+        "--config",
+        "configs/f32.toml",
+    ];
+    fails_with(
+        &args,
+        2,
+        &format!(
+            "config error: trainer launch --port {port}: cannot listen there: Address already in \
+             use (os error 98)"
+        ),
+    );
+}
