@@ -116,6 +116,15 @@ impl DistributedError {
     }
 }
 
+/// The node this one waits on, as an error names it: `node N` when there are two (this node's
+/// rank and the count in `nodes`), else `another node` (one process cannot see which).
+pub(super) fn other_node(nodes: Option<(usize, usize)>) -> String {
+    match nodes {
+        Some((me, 2)) => format!("node {}", 1 - me),
+        _ => "another node".into(),
+    }
+}
+
 fn list(ranks: &[usize]) -> String {
     let names: Vec<String> = ranks.iter().map(usize::to_string).collect();
     names.join(", ")
@@ -189,10 +198,9 @@ impl Shared {
             .filter(|(_, n)| *n < call)
             .map(|(peer, _)| self.global(peer))
             .collect();
-        match (late.len(), self.nodes) {
-            (0, Some((me, 2))) => format!("node {}", 1 - me),
-            (0, _) => "another node".into(),
-            (1, _) => format!("peer {}", late[0]),
+        match late.len() {
+            0 => other_node(self.nodes),
+            1 => format!("peer {}", late[0]),
             _ => format!("peers {}", list(&late)),
         }
     }

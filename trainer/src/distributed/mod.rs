@@ -68,10 +68,7 @@ where
         Ok(DistributedError::Collective { rank, what, error }) => {
             let reason = first.unwrap_or_else(|| format!("{error:?}"));
             if lost_a_node(&reason) {
-                let node = match nodes.count {
-                    2 => format!("node {}", 1 - nodes.rank),
-                    _ => "another node".into(),
-                };
+                let node = link::other_node(Some((nodes.rank as usize, nodes.count as usize)));
                 DistributedError::NodeLost { rank, what, node }.into()
             } else {
                 let reason = reason.lines().next().unwrap_or_default().to_string();
