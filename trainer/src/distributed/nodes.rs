@@ -16,8 +16,16 @@ use crate::config::{ws_address, NodeSpec, Settings};
 /// How often a node tries the orchestrator's address while it waits for it.
 const RETRY: Duration = Duration::from_millis(200);
 
+/// burn-communication's websocket server installs a logger the first time one starts (INFO,
+/// on stdout) and logs every tensor download through it: a node's stdout is its summary. A
+/// logger that drops everything goes first; theirs is then refused, as it allows for.
+fn quiet_transport() {
+    let _ = tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default());
+}
+
 /// Serves the orchestrator on `port` (all interfaces) until SIGINT or SIGTERM.
 pub fn serve_orchestrator(port: u16) -> anyhow::Result<()> {
+    quiet_transport();
     // Bound once here, so that a taken port is an error and not a silent, idle orchestrator.
     TcpListener::bind(("0.0.0.0", port))
         .map_err(|e| anyhow::anyhow!("orchestrator port {port}: cannot listen there: {e}"))?;
@@ -32,6 +40,7 @@ pub fn serve_orchestrator(port: u16) -> anyhow::Result<()> {
 /// Checks that `node` can serve tensors on its port and reach the orchestrator, trying the
 /// orchestrator until `timeout` (it may start after the nodes).
 pub fn check_before_joining(node: &NodeSpec, timeout: Duration) -> Result<(), DistributedError> {
+    quiet_transport();
     TcpListener::bind(("0.0.0.0", node.data_port)).map_err(|e| DistributedError::PortTaken {
         address: node.address.clone(),
         reason: e.to_string(),
