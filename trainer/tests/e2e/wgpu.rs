@@ -154,8 +154,22 @@ const ESTIMATED_ELSEWHERE: [&str; 6] = [
 /// (two steps of 16; MobileNet and ResNet at α = 1/4, as the estimate takes any width). A
 /// config whose precision the adapter cannot compute (bf16 on llvmpipe) is refused with one
 /// line.
+///
+/// The longest test of the suite (llvmpipe compiles every config's kernels): two tests of half
+/// the configs each, so that both test threads share it.
 #[test]
-fn every_shipped_config_is_within_the_estimate_on_wgpu() {
+fn every_shipped_config_is_within_the_estimate_on_wgpu_first_half() {
+    every_shipped_config_within_the_estimate(0);
+}
+
+/// The other half of the above.
+#[test]
+fn every_shipped_config_is_within_the_estimate_on_wgpu_second_half() {
+    every_shipped_config_within_the_estimate(1);
+}
+
+/// The shipped configs of `half` (0: even places in the sorted list, 1: odd) on wgpu.
+fn every_shipped_config_within_the_estimate(half: usize) {
     let configs = super::common::shipped_configs();
     for config in ESTIMATED_ELSEWHERE {
         assert!(
@@ -163,10 +177,12 @@ fn every_shipped_config_is_within_the_estimate_on_wgpu() {
             "{config} is not shipped"
         );
     }
-    for config in configs
-        .into_iter()
+    let mine = (configs.into_iter())
         .filter(|c| !ESTIMATED_ELSEWHERE.contains(&c.as_str()))
-    {
+        .enumerate()
+        .filter(|(i, _)| i % 2 == half)
+        .map(|(_, c)| c);
+    for config in mine {
         let name = Path::new(&config).file_stem().unwrap().to_string_lossy();
         let text = std::fs::read_to_string(super::common::root().join(&config)).unwrap();
         let toml: toml::Table = text.parse().unwrap();
