@@ -300,6 +300,12 @@ impl Plan {
         self.layers.iter().map(|p| 2 * p.layer.channels()).sum()
     }
 
+    /// Elements of each trainable tensor (weights, biases, batch norm's γ and β), in forward
+    /// order: what ZeRO shares out among peers, one owner a tensor.
+    pub fn parameter_tensors(&self) -> Vec<u64> {
+        self.layers.iter().flat_map(|p| p.layer.tensors()).collect()
+    }
+
     /// Elements of the largest single weight tensor (the optimizer step replaces one at a
     /// time).
     pub fn largest_weight(&self) -> u64 {
@@ -369,6 +375,28 @@ impl Layer {
             Layer::LayerNorm { width, .. } => 2 * width,
             _ => 0,
         }
+    }
+
+    /// Elements of each trainable tensor it holds ([`weights`](Self::weights) and batch
+    /// norm's γ and β, tensor by tensor).
+    fn tensors(&self) -> Vec<u64> {
+        let tensors = match *self {
+            Layer::Recomputed { ref layers, .. } => {
+                return layers.iter().flat_map(Layer::tensors).collect()
+            }
+            Layer::Conv { weight, bias, .. }
+            | Layer::Linear { weight, bias, .. }
+            | Layer::ConvReluPool { weight, bias, .. }
+            | Layer::SlicedLinear { weight, bias, .. } => vec![weight, bias],
+            Layer::ConvBnRelu {
+                weight, channels, ..
+            } => vec![weight, channels, channels],
+            Layer::BatchNorm { channels, .. } => vec![channels, channels],
+            Layer::Embedding { width, rows, .. } => vec![width * rows],
+            Layer::LayerNorm { width, .. } => vec![width, width],
+            _ => Vec::new(),
+        };
+        tensors.into_iter().filter(|n| *n > 0).collect()
     }
 
     /// Batch-norm channels.

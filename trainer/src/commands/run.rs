@@ -13,6 +13,7 @@ use crate::memory::diagnosis;
 use crate::memory::estimate::Target;
 use crate::memory::heap::{Heap, HeapProbe};
 use crate::memory::host;
+use crate::memory::human;
 use crate::outputs;
 use crate::training::checkpoint;
 use crate::training::interrupt::{Interrupt, Interrupted, Stopped};
@@ -129,9 +130,14 @@ pub fn run(cli: RunArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()>
     let summary = match (summary, &node) {
         (Ok(summary), _) if writes => summary,
         (Ok(summary), Some(node)) => {
+            let peak = summary.memory.peak_bytes.map_or("n/a".into(), human);
             eprintln!(
-                "node {} of {}: trained {} steps with the others; node 0 wrote the outputs",
-                node.rank, node.count, summary.steps
+                "node {} of {}: trained {} steps with the others (peak {peak}, optimizer \
+                 state {}); node 0 wrote the outputs",
+                node.rank,
+                node.count,
+                summary.steps,
+                human(summary.optimizer_state_bytes)
             );
             return Ok(());
         }

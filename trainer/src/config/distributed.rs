@@ -73,6 +73,38 @@ pub enum Strategy {
     Centralized,
 }
 
+/// What each peer keeps of the training state (ZeRO's stages 1 and 2).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Shard {
+    /// Every peer keeps everything: plain data parallel.
+    #[default]
+    #[serde(rename = "none")]
+    None,
+    /// Each parameter's optimizer state lives on one peer, its owner, which steps it and
+    /// shares the updated weights (ZeRO-1).
+    #[serde(rename = "optimizer")]
+    Optimizer,
+    /// As `optimizer`, and each summed gradient is kept by its owner only (ZeRO-2).
+    #[serde(rename = "optimizer+gradients")]
+    OptimizerGradients,
+}
+
+impl Shard {
+    /// The name a config writes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Optimizer => "optimizer",
+            Self::OptimizerGradients => "optimizer+gradients",
+        }
+    }
+
+    /// Whether each peer keeps only its own parameters' optimizer state.
+    pub fn optimizer(self) -> bool {
+        self != Self::None
+    }
+}
+
 /// `[distributed]` as written.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -82,6 +114,8 @@ pub struct RawDistributed {
     pub devices: Option<Vec<String>>,
     /// The all-reduce strategy.
     pub strategy: Strategy,
+    /// What each peer keeps of the optimizer state and gradients.
+    pub shard: Shard,
     /// Seconds a peer waits in a collective call before it gives up on the others.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<u64>,
@@ -136,6 +170,8 @@ pub struct DistributedSpec {
     pub devices: Vec<DeviceSpec>,
     /// The all-reduce strategy.
     pub strategy: Strategy,
+    /// What each peer keeps of the optimizer state and gradients.
+    pub shard: Shard,
     /// How long a peer waits for the others in one collective call.
     pub timeout: Duration,
     /// The nodes, when the run spans several processes.
@@ -186,6 +222,7 @@ pub fn validate(
         return Ok(nodes.map(|nodes| DistributedSpec {
             devices: vec![DeviceSpec::Selected],
             strategy: raw.strategy,
+            shard: raw.shard,
             timeout: Duration::from_secs(timeout_s),
             nodes: Some(nodes),
         }))
@@ -227,6 +264,7 @@ pub fn validate(
         Some(DistributedSpec {
             devices,
             strategy: raw.strategy,
+            shard: raw.shard,
             timeout: Duration::from_secs(timeout_s),
             nodes,
         }),

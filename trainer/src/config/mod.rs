@@ -19,7 +19,8 @@ pub use backend::{Autotune, AutotuneCache, BackendKind};
 pub use data::DataSource;
 pub use data::{DataSpec, TextSource, CIFAR10_IMAGES, NUM_CLASSES};
 pub use distributed::{
-    ws_address, DeviceSpec, DistributedSpec, NodeSpec, Strategy, DEFAULT_TIMEOUT_S, MAX_PEERS,
+    ws_address, DeviceSpec, DistributedSpec, NodeSpec, Shard, Strategy, DEFAULT_TIMEOUT_S,
+    MAX_PEERS,
 };
 pub use memory::{parse_size, Checkpointing, FreeCache, Fuse, MemorySpec, SIZE_HELP};
 pub use mistakes::Mistakes;

@@ -16,6 +16,7 @@ mod fault;
 mod link;
 mod nodes;
 mod peer;
+mod shard;
 
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -33,9 +34,10 @@ use crate::training::{self, RunOptions};
 use burn::collective::CollectiveError;
 
 pub use fault::FAULT_ENV;
-pub use link::{DistributedError, Link, Shared};
+pub use link::{DistributedError, Link, Shared, PIECE_VALUES};
 pub use nodes::{config_hash, serve_orchestrator};
 pub use peer::{shard, Peer, Reduced};
+pub use shard::{Owners, BUCKET_BYTES};
 
 /// Trains `settings` with one peer per device of `devices` (one device when `[distributed]` is
 /// unset): this node's first peer on this thread with `options` and `probe`, the others on
@@ -204,7 +206,7 @@ fn join<B: burn::tensor::backend::Backend>(
     shared: Arc<Shared>,
     hash: Option<[f32; 8]>,
 ) -> Result<Peer<B>, DistributedError> {
-    let mut peer = Peer::linked(Link::join(local, device.clone(), spec, shared)?);
+    let mut peer = Peer::linked(Link::join(local, device.clone(), spec, shared)?, spec.shard);
     if let Some(hash) = hash {
         peer.agree(&hash, device)?;
     }

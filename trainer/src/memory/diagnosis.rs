@@ -6,7 +6,9 @@
 
 use std::fmt;
 
-use crate::config::{self, Checkpointing, Fuse, ModelSpec, PrecisionMode, Purpose, Settings};
+use crate::config::{
+    self, BackendKind, Checkpointing, Fuse, ModelSpec, PrecisionMode, Purpose, Settings, Shard,
+};
 use crate::memory::estimate::{estimate, Target};
 use crate::memory::human;
 use crate::training::checkpoint;
@@ -126,6 +128,40 @@ pub fn fixes(settings: &Settings, target: Target) -> Vec<Fix> {
                 vec![format!("model.seq_len={half}")],
             ));
         }
+    }
+    // Several peers: each may keep a shard of the optimizer state (ZeRO-1), and of the
+    // gradients (ZeRO-2).
+    let d = settings.distributed.as_ref();
+    if let Some(d) = d.filter(|d| d.world() > 1) {
+        let world = d.world();
+        if d.shard == Shard::None {
+            candidates.push((
+                format!("ZeRO-1: optimizer state sharded over {world} peers"),
+                vec!["distributed.shard=optimizer".into()],
+            ));
+        }
+        if d.shard != Shard::OptimizerGradients {
+            candidates.push((
+                format!("ZeRO-2: optimizer state and gradients over {world} peers"),
+                vec!["distributed.shard=optimizer+gradients".into()],
+            ));
+        }
+    }
+    // One GPU: a second one halves each device's micro-batch at the same step size, and
+    // ZeRO-2 halves its optimizer state (only where a second GPU exists: the line says so).
+    let gpu = matches!(settings.backend, BackendKind::Cuda | BackendKind::Auto);
+    if d.is_none() && target == Target::Device && gpu && t.batch_size.is_multiple_of(2) {
+        candidates.push((
+            format!(
+                "a second GPU: batch {} on each, ZeRO-2 (if you have one)",
+                t.batch_size / 2
+            ),
+            vec![
+                "distributed.devices=[\"cuda:0\",\"cuda:1\"]".into(),
+                "distributed.shard=optimizer+gradients".into(),
+                format!("train.batch_size={}", t.batch_size / 2),
+            ],
+        ));
     }
     if let ModelSpec::MobileNet(m) = &settings.model {
         if m.width_multiplier > 0.5 {

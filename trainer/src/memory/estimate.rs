@@ -17,7 +17,8 @@ use serde::Serialize;
 
 use oomlab_engine::{Family, Footprint, Sizes};
 
-use crate::config::{BackendKind, Checkpointing, OptimizerName, PrecisionMode, Settings};
+use crate::config::{BackendKind, Checkpointing, OptimizerName, PrecisionMode, Settings, Shard};
+use crate::distributed::{Owners, BUCKET_BYTES, PIECE_VALUES};
 use crate::memory::floor::Floor;
 use crate::memory::human;
 
@@ -249,8 +250,38 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         OptimizerName::Sgd if t.momentum > 0.0 => 1,
         OptimizerName::Sgd => 0,
     };
+    // Sharded (ZeRO), a peer keeps its own parameters' state: rank 0's is predicted.
+    let d = settings.distributed.as_ref();
+    let (peers, shard) = d.map_or((1, Shard::None), |d| (d.world(), d.shard));
+    let owned = match shard.optimizer() && peers > 1 {
+        true => {
+            let tensors: Vec<usize> = plan
+                .parameter_tensors()
+                .iter()
+                .map(|n| *n as usize)
+                .collect();
+            Owners::balance(&tensors, peers).held(0) as u64
+        }
+        false => params,
+    };
     if moments > 0 {
-        model_state.push(line("optimizer state", moments * params, pbytes));
+        let what = match owned < params {
+            true => format!("optimizer state (rank 0's shard of {peers} peers)"),
+            false => "optimizer state".into(),
+        };
+        model_state.push(line(&what, moments * owned, pbytes));
+    }
+    // Across processes on the CPU, burn-communication's websocket connections keep buffers as
+    // large as the largest message (three, measured), and a message is copied four times in
+    // flight: messages are one tensor, or a piece of one (`PIECE_VALUES`).
+    let across_nodes = d.is_some_and(|d| d.nodes.is_some());
+    if across_nodes && target == Target::CpuHeap {
+        let piece = (PIECE_VALUES as u64).min(largest);
+        model_state.push(line(
+            "between nodes: websocket buffers and in-flight copies of one piece (7)",
+            7 * piece,
+            pbytes,
+        ));
     }
     if t.accum_steps > 1 {
         // Earlier micro-batches' summed gradients are alive during the next forward.
@@ -341,34 +372,54 @@ pub fn estimate(settings: &Settings, target: Target) -> Estimate {
         .chain(std::iter::once(&in_flight))
         .map(|l| l.bytes)
         .sum();
-    // The optimizer step: the activations are gone, every gradient is alive, and each
-    // parameter's new value is written before its old one is dropped (one tensor at a time:
-    // the largest counts). A large model at a small batch peaks here, not in backward.
-    let least: u64 = least_state.iter().map(|l| l.bytes).sum();
-    let step = line(
-        "every gradient + the largest parameter's new value",
-        gradients / pbytes + largest,
-        pbytes,
-    );
-    let step_peak = least + step.bytes;
+    // The optimizer step: the activations are gone, every gradient is alive (with ZeRO-2,
+    // rank 0's own only), and each parameter's new value is written before its old one is
+    // dropped (one tensor at a time: the largest counts). A large model at a small batch peaks
+    // here, not in backward.
+    let accumulated = if t.accum_steps > 1 {
+        params * pbytes
+    } else {
+        0
+    };
+    let least: u64 = least_state.iter().map(|l| l.bytes).sum::<u64>() - accumulated;
+    // Across nodes ZeRO-2's sums are all-reduced and the others' dropped (burn-collective has
+    // no global reduce): every sum exists at the step, as with ZeRO-1.
+    let stage2 = shard == Shard::OptimizerGradients && peers > 1 && !across_nodes;
+    let (step_grads, what) = match stage2 {
+        true => (
+            owned,
+            "rank 0's gradients + the largest parameter's new value",
+        ),
+        false => (params, "every gradient + the largest parameter's new value"),
+    };
+    let step = line(what, step_grads + largest, pbytes);
+    // Sharded, the owners then send their new weights in buckets: zeros for the parameters
+    // another peer owns and the sums arrive beside the model, one bucket at a time, while
+    // ZeRO-1 still holds the other owners' gradients.
+    let share_peak = match owned < params {
+        true => {
+            let bucket = (BUCKET_BYTES as u64)
+                .max(largest * pbytes)
+                .min(params * pbytes);
+            let others = if stage2 { 0 } else { (params - owned) * pbytes };
+            least + others + 2 * bucket
+        }
+        false => 0,
+    };
+    let step_peak = (least + step.bytes).max(share_peak);
     let device_peak_bytes = backward_peak.max(step_peak);
     let host_data = line(
         "data set (u8 images + labels)",
         super::host::data_bytes(settings),
         1,
     );
-    let optimizer_state = moments * params * pbytes;
-    let accumulated = if t.accum_steps > 1 {
-        params * pbytes
-    } else {
-        0
-    };
+    let optimizer_state = moments * owned * pbytes;
     let activation_bytes = activations.iter().map(|l| l.bytes).sum::<u64>();
     let terms = match step_peak > backward_peak {
         // What is alive at the step: no activations; the replaced parameter is a parameter.
         true => Terms {
-            parameters: step_peak - optimizer_state - accumulated - gradients,
-            gradients: gradients + accumulated,
+            parameters: step_peak - optimizer_state - step_grads * pbytes,
+            gradients: step_grads * pbytes,
             optimizer_state,
             activations: 0,
             data: host_data.bytes,

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{BackendUsed, Selected};
 use crate::config::{
     AutotuneCache, Checkpointing, DeviceSpec, FreeCache, Fuse, Mistakes, OptimizerName,
-    PrecisionMode, ScheduleName, Settings,
+    PrecisionMode, ScheduleName, Settings, Shard,
 };
 use crate::memory::estimate::{estimate, Target};
 use crate::memory::{human, MemoryReport};
@@ -41,6 +41,13 @@ pub struct Summary {
     /// Processes the peers ran in (absent on one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<u32>,
+    /// What each peer kept of the optimizer state and gradients (absent on one device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<Shard>,
+    /// Bytes of optimizer state (moments, momentum buffers) this peer (rank 0) held at the
+    /// end, counted in its record: with sharding, its own parameters' only.
+    #[serde(default)]
+    pub optimizer_state_bytes: u64,
     /// Micro-batch size (one forward/backward, on each peer).
     pub batch_size: usize,
     pub accum_steps: usize,
@@ -51,9 +58,13 @@ pub struct Summary {
     pub final_lr: f64,
     pub steps: usize,
     pub epochs: usize,
-    /// Images per second after the warm-up.
+    /// Images per second after the warm-up (over all peers).
     #[serde(deserialize_with = "nan_if_null")]
     pub images_per_sec: f64,
+    /// Data parallel: seconds rank 0 spent per optimizer step in collective calls (sums,
+    /// shared weights), waiting for the others included (absent on one device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective_seconds_per_step: Option<f64>,
     /// A language model's tokens per sequence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seq_len: Option<usize>,
@@ -142,6 +153,8 @@ impl Summary {
             updates_lost: record.updates_lost(),
             optimizer: t.optimizer,
             nodes: d.and_then(|d| d.nodes.as_ref()).map(|n| n.count),
+            shard: d.map(|d| d.shard),
+            optimizer_state_bytes: stepper.optim.state_bytes(),
             // Every node's devices, node 0's first.
             peers: d.map(|d| {
                 let name = |device: &DeviceSpec| match device {
@@ -179,6 +192,7 @@ impl Summary {
             steps: stepper.step,
             epochs,
             images_per_sec: record.images_per_sec(),
+            collective_seconds_per_step: None,
             seq_len: settings.model.tokens_per_sample(),
             tokens_per_sec: settings
                 .model
@@ -233,6 +247,13 @@ impl Summary {
                     }),
             ),
             ("optimizer", self.optimizer.name().into()),
+            ("optimizer state", {
+                let whose = match self.shard {
+                    Some(Shard::Optimizer | Shard::OptimizerGradients) => " (rank 0's shard)",
+                    _ => "",
+                };
+                format!("{}{whose}", human(self.optimizer_state_bytes))
+            }),
             (
                 "data parallel",
                 self.peers.as_ref().map_or(String::new(), |p| {
@@ -244,7 +265,17 @@ impl Summary {
                         Some(n) => format!(" over {n} processes"),
                         None => String::new(),
                     };
-                    format!("{} peers ({}){nodes}; {measured}", p.len(), p.join(", "))
+                    let shard = match self.shard {
+                        Some(s @ (Shard::Optimizer | Shard::OptimizerGradients)) => {
+                            format!(", sharded: {}", s.name())
+                        }
+                        _ => String::new(),
+                    };
+                    format!(
+                        "{} peers ({}){nodes}{shard}; {measured}",
+                        p.len(),
+                        p.join(", ")
+                    )
                 }),
             ),
             (
@@ -273,10 +304,27 @@ impl Summary {
             ),
             ("steps", self.steps.to_string()),
             ("epochs", self.epochs.to_string()),
-            match self.tokens_per_sec {
-                Some(t) => ("tokens/s", format!("{t:.0}")),
-                None => ("images/s", format!("{:.0}", self.images_per_sec)),
+            match (self.tokens_per_sec, &self.peers) {
+                (Some(t), _) => ("tokens/s", format!("{t:.0}")),
+                (None, Some(p)) => (
+                    "images/s",
+                    format!(
+                        "{:.0} in total, {:.0} per peer",
+                        self.images_per_sec,
+                        self.images_per_sec / p.len().max(1) as f64
+                    ),
+                ),
+                (None, None) => ("images/s", format!("{:.0}", self.images_per_sec)),
             },
+            (
+                "collectives",
+                self.collective_seconds_per_step.map_or(String::new(), |s| {
+                    format!(
+                        "{:.1} ms a step on rank 0 (waiting for the others included)",
+                        1e3 * s
+                    )
+                }),
+            ),
             ("warm-up", {
                 let text = self.warmup.describe(&self.backend);
                 match self.tokens_per_sec {

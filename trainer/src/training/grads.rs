@@ -6,7 +6,7 @@
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, BackendTypes};
 use burn::tensor::DType;
 
 /// Multiplies every gradient of `model` in `grads` by `factor`, in f32.
@@ -72,6 +72,15 @@ pub fn global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     model: &M,
     grads: &GradientsParams,
 ) -> f64 {
+    sum_squares(model, grads).0.sqrt()
+}
+
+/// The sum of the squares of every gradient of `model` in `grads`, computed in f32, and the
+/// device they are on (`None` when there are none).
+pub fn sum_squares<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: &GradientsParams,
+) -> (f64, Option<<B::InnerBackend as BackendTypes>::Device>) {
     struct SumSquares<'a, B: Backend> {
         grads: &'a GradientsParams,
         parts: Vec<Tensor<B, 1>>,
@@ -88,9 +97,9 @@ pub fn global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
         parts: Vec::new(),
     };
     model.visit(&mut visitor);
-    if visitor.parts.is_empty() {
-        return 0.0;
-    }
+    let Some(device) = visitor.parts.first().map(Tensor::device) else {
+        return (0.0, None);
+    };
     let total: f64 = Tensor::cat(visitor.parts, 0).sum().into_scalar().elem();
-    total.sqrt()
+    (total, Some(device))
 }

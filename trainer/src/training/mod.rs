@@ -119,6 +119,8 @@ where
         // No master weights: the parameters themselves become f16.
         model = cast_params(model, p.mode.parameter_dtype());
     }
+    // A sharded peer keeps its own parameters' optimizer state (a checkpoint holds them all).
+    let optim = peer.own(&model, optim);
     let mut stepper = Stepper::new(settings, total_steps, optim, &saved.counters);
     let mut position = saved.position;
     let mut record = Record::new(settings, total_steps, stepper.step, log, started);
@@ -130,8 +132,11 @@ where
     let save = |model: &Network<B>,
                 stepper: &Stepper<Network<B>, B>,
                 position: Position,
-                record: &Record|
+                record: &Record,
+                peer: &mut Peer<B::InnerBackend>|
      -> anyhow::Result<()> {
+        // Sharded, the owners send rank 0 their parts of the optimizer state.
+        let whole = peer.whole_state(model, &stepper.optim, &device)?;
         if !leader {
             return Ok(()); // rank 0 writes the run's checkpoint
         }
@@ -143,7 +148,7 @@ where
         checkpoint::save(
             &checkpoint_dir,
             model,
-            &stepper.optim,
+            whole.as_ref().unwrap_or(&stepper.optim),
             &state,
             &record.log_csv(),
         )
@@ -174,6 +179,7 @@ where
     // Rank 0 evaluates; the others go on to the next window and wait for it there.
     let evaluates = leader && !options.trial;
 
+    let mut ended_an_epoch = false;
     while !done(&stepper) {
         let order = shuffled(n, t.seed, position.epoch as u64);
         // Resuming mid-epoch skips the windows already trained on.
@@ -197,14 +203,18 @@ where
             let w = peer.reduce(&model, w.grads, w.loss, stop)?;
             let before = record.before_step(&model);
             let outcome;
-            (model, outcome) = stepper.apply(model, w.grads);
+            // Over every peer's gradients: a peer may hold its own parameters' only.
+            let norm = peer.norm(&model, &w)?;
+            (model, outcome) = stepper.apply_with_norm(model, w.grads, norm);
+            // A sharded peer stepped its own parameters: the owners send theirs to the others.
+            model = peer.share(model, outcome.stepped())?;
             settings.memory.free_cache.after_step::<B>(&device);
             probe.sample(Phase::AfterStep);
             record.window(window.len(), w.loss, outcome, &stepper, &model, before)?;
             record.memory(probe.last_step());
             position.window += 1;
             if w.stop.is_some() || every(outcome, &stepper) {
-                save(&model, &stepper, position, &record)?;
+                save(&model, &stepper, position, &record, &mut peer)?;
             }
             if let Some(signal) = w.stop {
                 return Err(record.interrupted(signal, &stepper, &checkpoint_dir));
@@ -214,13 +224,21 @@ where
             position.next_epoch();
             settings.memory.free_cache.after_epoch::<B>(&device);
             if !options.trial {
-                save(&model, &stepper, position, &record)?;
+                save(&model, &stepper, position, &record, &mut peer)?;
             }
+            ended_an_epoch = true;
             if evaluates {
                 record.evaluated(position.epoch, true, eval_now(&model, probe));
             }
         }
     }
+    // A run that ends mid-epoch (or before its first epoch's end) is saved and evaluated at
+    // its end too; every peer decides alike, since a sharded save needs them all.
+    let last = !options.trial && (position.window != 0 || !ended_an_epoch);
+    if last {
+        save(&model, &stepper, position, &record, &mut peer)?;
+    }
+    let collective = peer.collective_seconds_per_window();
     // Every peer reduced its last window: they leave together, before rank 0 evaluates alone.
     peer.finish()?;
     record.finish();
@@ -228,12 +246,10 @@ where
     if let (Some(timeline), false, true) = (probe.timeline(), options.trial, leader) {
         crate::report::timeline::write(&t.output_dir, &timeline)?;
     }
-    // A run that ends mid-epoch is saved and evaluated at its end too.
-    if evaluates && (position.window != 0 || record.eval().is_none()) {
-        save(&model, &stepper, position, &record)?;
+    if evaluates && last {
         record.evaluated(position.epoch, false, eval_now(&model, probe));
     }
-    Ok(Summary::from_run(
+    let mut summary = Summary::from_run(
         settings,
         backend,
         &model,
@@ -241,7 +257,9 @@ where
         &record,
         position.epoch,
         probe.report(),
-    ))
+    );
+    summary.collective_seconds_per_step = collective;
+    Ok(summary)
 }
 
 /// Where a run starts: the model, its optimizer, the loop's state and the step log so far.

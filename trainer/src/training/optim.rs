@@ -1,7 +1,7 @@
 //! The optimizer a config names: Adam or SGD with momentum, with PyTorch's defaults where
 //! Burn's differ (Adam ε = 1e-8, SGD dampening 0).
 
-use burn::module::{AutodiffModule, Param};
+use burn::module::{AutodiffModule, Param, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
@@ -83,6 +83,51 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> Optim<M, B> {
                 Recorder::<B>::load(&recorder, bytes, device).map_err(|e| e.to_string())?,
             )),
         })
+    }
+}
+
+impl<M: AutodiffModule<B>, B: AutodiffBackend> Optim<M, B> {
+    /// A copy of the state with each parameter's entry under the id `rekey` gives it; an
+    /// entry it gives none is left out. The tensors are shared, not copied.
+    pub fn rekeyed(&self, rekey: impl Fn(ParamId) -> Option<ParamId>) -> Self {
+        macro_rules! rekey {
+            ($o:expr) => {{
+                let record = ($o.to_record().into_iter())
+                    .filter_map(|(id, state)| rekey(id).map(|id| (id, state)))
+                    .collect();
+                $o.clone().load_record(record)
+            }};
+        }
+        match self {
+            Self::Adam(o) => Self::Adam(rekey!(o)),
+            Self::Sgd(o) => Self::Sgd(rekey!(o)),
+        }
+    }
+
+    /// Bytes of the tensors the state holds (moments, momentum buffers), counted in its
+    /// record; 0 when it cannot be encoded.
+    pub fn state_bytes(&self) -> u64 {
+        let record = self.to_bytes().ok();
+        let node = record.and_then(|bytes| super::record_fit::Node::parse(&bytes).ok());
+        node.map_or(0, |node| node.tensor_bytes() as u64)
+    }
+
+    /// Adds `other`'s entries (another peer's parameters) to this state.
+    pub fn merge(&mut self, other: Self) {
+        match (self, other) {
+            (Self::Adam(o), Self::Adam(other)) => {
+                let mut record = o.to_record();
+                record.extend(other.to_record());
+                *o = o.clone().load_record(record);
+            }
+            (Self::Sgd(o), Self::Sgd(other)) => {
+                let mut record = o.to_record();
+                record.extend(other.to_record());
+                *o = o.clone().load_record(record);
+            }
+            // One config makes every peer's optimizer: the kinds are the same.
+            _ => {}
+        }
     }
 }
 

@@ -55,6 +55,16 @@ impl Node {
         }
     }
 
+    /// Bytes of tensor contents in this record.
+    pub fn tensor_bytes(&self) -> usize {
+        match self {
+            Self::Map(_) if self.is_tensor() => self.tensor().map_or(0, |(_, bytes, _)| bytes),
+            Self::Map(entries) => entries.iter().map(|(_, v)| v.tensor_bytes()).sum(),
+            Self::Seq(items) => items.iter().map(Self::tensor_bytes).sum(),
+            _ => 0,
+        }
+    }
+
     /// A tensor's data: `{bytes, shape, dtype}`.
     fn is_tensor(&self) -> bool {
         self.keys() == BTreeSet::from(["bytes", "dtype", "shape"])

@@ -130,8 +130,20 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> Stepper<M, B> {
     /// Applies `grads` (computed with the loss multiplied by the scaler's current scale).
     pub fn apply(&mut self, model: M, grads: GradientsParams) -> (M, Outcome) {
         let grads = grads::scale(&model, grads, 1.0 / self.scaler.scale());
-        // Every mode checks: an inf or NaN gradient never reaches the weights.
         let norm = grads::global_norm(&model, &grads);
+        self.apply_unscaled(model, grads, norm)
+    }
+
+    /// [`apply`](Self::apply) for gradients whose L2 norm (still scaled) is `norm`: a sharded
+    /// peer holds only its own parameters' gradients, and the norm is over every peer's.
+    pub fn apply_with_norm(&mut self, model: M, grads: GradientsParams, norm: f64) -> (M, Outcome) {
+        let scale = self.scaler.scale();
+        let grads = grads::scale(&model, grads, 1.0 / scale);
+        self.apply_unscaled(model, grads, norm / scale)
+    }
+
+    fn apply_unscaled(&mut self, model: M, grads: GradientsParams, norm: f64) -> (M, Outcome) {
+        // Every mode checks: an inf or NaN gradient never reaches the weights.
         if self.scaler.update(norm) == Verdict::Skip {
             self.skipped += 1;
             self.consecutive_skips += 1;

@@ -267,6 +267,11 @@ fn bad_distributed_settings_exit_2_with_one_line() {
             "config error: distributed.strategy: unknown variant `star`, expected one of `tree`, \
              `ring`, `centralized`",
         ),
+        (
+            "distributed.shard=\"weights\"",
+            "config error: distributed.shard: unknown variant `weights`, expected one of `none`, \
+             `optimizer`, `optimizer+gradients`",
+        ),
     ];
     for (set, line) in cases {
         fails_with(&["--config", f32, "--set", set], 2, line);

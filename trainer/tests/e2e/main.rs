@@ -27,6 +27,9 @@ mod precision;
 mod reliability;
 /// Checkpoints and `--resume`.
 mod resume;
+/// `distributed.shard`: ZeRO-1 and -2 equal the unsharded run, checkpoints, what each peer
+/// holds.
+mod sharding;
 /// Ctrl-C, SIGTERM and SIGHUP: clean stops, a second signal, parents that forward.
 mod signals;
 /// Training runs: both models learn, runs are reproducible, backends are chosen right.

@@ -38,6 +38,49 @@ fn parameter_counts_match_the_built_models() {
     }
 }
 
+/// ZeRO's owners are balanced over the plan's tensors, as the training loop balances them over
+/// the built model's: the two lists hold the same sizes.
+#[test]
+fn the_plan_lists_the_built_models_tensors() {
+    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::prelude::*;
+    struct Sizes(Vec<u64>);
+    impl ModuleVisitor<B> for Sizes {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if param.val().is_require_grad() {
+                self.0.push(param.val().shape().num_elements() as u64);
+            }
+        }
+    }
+    let cases: [&[&str]; 5] = [
+        &[],
+        &["model.name=mobilenet", "model.width_multiplier=0.25"],
+        &[
+            "model.name=mobilenet",
+            "model.width_multiplier=0.25",
+            "memory.fuse=blocks",
+        ],
+        &["model.name=resnet", "model.depth=18"],
+        &[
+            "model.name=gpt",
+            "data.source=text",
+            "model.n_layer=2",
+            "model.d_model=64",
+            "model.n_head=2",
+        ],
+    ];
+    for sets in cases {
+        let s = settings(sets);
+        let model: Network<B> = Network::init(&s.model, 0, &Default::default()).unwrap();
+        let mut built = Sizes(Vec::new());
+        model.visit(&mut built);
+        let mut planned = s.model.plan().parameter_tensors();
+        built.0.sort_unstable();
+        planned.sort_unstable();
+        assert_eq!(planned, built.0, "{sets:?}");
+    }
+}
+
 /// The logits line is sized by the model's classes (it was fixed at 10: 100× too small at
 /// 1000 classes), and the host data by the data spec.
 #[test]
