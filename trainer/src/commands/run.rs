@@ -137,7 +137,7 @@ pub fn run(cli: RunArgs, dry: bool, interrupt: &Interrupt) -> anyhow::Result<()>
                 node.rank,
                 node.count,
                 summary.steps,
-                human(summary.optimizer_state_bytes)
+                summary.optimizer_state_bytes.map_or("n/a".into(), human)
             );
             return Ok(());
         }

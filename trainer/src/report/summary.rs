@@ -46,8 +46,8 @@ pub struct Summary {
     pub shard: Option<Shard>,
     /// Bytes of optimizer state (moments, momentum buffers) this peer (rank 0) held at the
     /// end, counted in its record: with sharding, its own parameters' only.
-    #[serde(default)]
-    pub optimizer_state_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_state_bytes: Option<u64>,
     /// Micro-batch size (one forward/backward, on each peer).
     pub batch_size: usize,
     pub accum_steps: usize,
@@ -154,7 +154,7 @@ impl Summary {
             optimizer: t.optimizer,
             nodes: d.and_then(|d| d.nodes.as_ref()).map(|n| n.count),
             shard: d.map(|d| d.shard),
-            optimizer_state_bytes: stepper.optim.state_bytes(),
+            optimizer_state_bytes: Some(stepper.optim.state_bytes()),
             // Every node's devices, node 0's first.
             peers: d.map(|d| {
                 let name = |device: &DeviceSpec| match device {
@@ -252,7 +252,8 @@ impl Summary {
                     Some(Shard::Optimizer | Shard::OptimizerGradients) => " (rank 0's shard)",
                     _ => "",
                 };
-                format!("{}{whose}", human(self.optimizer_state_bytes))
+                (self.optimizer_state_bytes)
+                    .map_or(String::new(), |b| format!("{}{whose}", human(b)))
             }),
             (
                 "data parallel",
