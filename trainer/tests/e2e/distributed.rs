@@ -248,21 +248,26 @@ fn a_peer_that_stops_answering_ends_the_run_within_the_timeout() {
 
 // Over several processes (nodes).
 
+/// `--config CONFIG`, a `--set` for each of `sets`, and one making `dir` the output folder.
+pub(super) fn flags(config: &str, dir: &Path, sets: &[&str]) -> Vec<String> {
+    let out_dir = format!("train.output_dir={}", arg(dir));
+    let mut args = vec!["--config".to_string(), config.to_string()];
+    for set in sets.iter().copied().chain([out_dir.as_str()]) {
+        args.extend(["--set".to_string(), set.to_string()]);
+    }
+    args
+}
+
 /// The flags of a run of 256 images in micro-batches of 8, one epoch, into `dir`.
 pub(super) fn small_run(config: &str, dir: &Path, sets: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = ["--config", config, "--backend", "cpu"]
-        .map(String::from)
-        .to_vec();
-    let out_dir = format!("train.output_dir={}", arg(dir));
     let base = [
         "data.train_size=256",
         "data.eval_size=32",
         "train.batch_size=8",
         "train.epochs=1",
     ];
-    for set in base.iter().chain(sets).copied().chain([out_dir.as_str()]) {
-        args.extend(["--set".to_string(), set.to_string()]);
-    }
+    let mut args = flags(config, dir, &[&base[..], sets].concat());
+    args.extend(["--backend".to_string(), "cpu".to_string()]);
     args
 }
 

@@ -2,7 +2,7 @@
 //! are threads and on nodes that are processes, on the CPU.
 
 use super::common::{arg, curve_gap, losses, run, stderr, summary, temp};
-use super::distributed::{epoch, strs, TWO_CPUS};
+use super::distributed::{epoch, flags, strs, TWO_CPUS};
 
 const STAGES: [&str; 2] = [
     "distributed.shard=\"optimizer\"",
@@ -67,18 +67,9 @@ fn a_sharded_checkpoint_is_whole_and_resumes_on_any_number_of_peers() {
     // steps the unsharded run took.
     let straight = temp("zero-straight");
     let base = |dir: &std::path::Path, sets: &[&str]| {
-        let mut args: Vec<String> = ["--config", "configs/f32.toml", "--backend", "cpu"]
-            .map(String::from)
-            .to_vec();
-        let out_dir = format!("train.output_dir={}", arg(dir));
-        for set in ["data.train_size=96", "data.eval_size=16", "train.epochs=1"]
-            .iter()
-            .chain(sets)
-            .copied()
-            .chain([out_dir.as_str()])
-        {
-            args.extend(["--set".to_string(), set.to_string()]);
-        }
+        let epoch = ["data.train_size=96", "data.eval_size=16", "train.epochs=1"];
+        let mut args = flags("configs/f32.toml", dir, &[&epoch[..], sets].concat());
+        args.extend(["--backend".to_string(), "cpu".to_string()]);
         args
     };
     let out = run(&strs(&base(&straight, &["train.batch_size=8", TWO_CPUS])));
@@ -109,10 +100,6 @@ fn a_sharded_checkpoint_is_whole_and_resumes_on_any_number_of_peers() {
 
 /// The flags of MobileNet α 2 at batch 1 with Adam, 3 steps, one peer per node, into `dir`.
 fn wide_mobilenet(dir: &std::path::Path, sets: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = ["--config", "configs/mobilenet.toml"]
-        .map(String::from)
-        .to_vec();
-    let out_dir = format!("train.output_dir={}", arg(dir));
     let base = [
         "backend.kind=\"cpu\"",
         "model.width_multiplier=2.0",
@@ -122,10 +109,7 @@ fn wide_mobilenet(dir: &std::path::Path, sets: &[&str]) -> Vec<String> {
         "data.eval_size=4",
         "distributed.timeout_s=120",
     ];
-    for set in base.iter().chain(sets).copied().chain([out_dir.as_str()]) {
-        args.extend(["--set".to_string(), set.to_string()]);
-    }
-    args
+    flags("configs/mobilenet.toml", dir, &[&base[..], sets].concat())
 }
 
 /// Node 0 of two (no orchestrator runs there: for what is decided before joining).
