@@ -272,17 +272,6 @@ impl<B: Backend> Peer<B> {
         }
     }
 
-    /// Values of the trainable parameters whose optimizer state this peer keeps.
-    pub fn owned_values<AB, M>(&mut self, model: &M) -> Option<usize>
-    where
-        AB: AutodiffBackend<InnerBackend = B>,
-        M: AutodiffModule<AB>,
-    {
-        self.find_owners::<AB, M>(model);
-        let rank = self.rank();
-        self.owners.as_ref().map(|o| o.held(rank))
-    }
-
     fn find_owners<AB, M>(&mut self, model: &M)
     where
         AB: AutodiffBackend<InnerBackend = B>,
